@@ -1,0 +1,105 @@
+"""Measures the train step of any config and prints one JSON line.
+
+    python bench.py --config=configs/bert_base.py:base --config.train.batch_size=8
+
+Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
+model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
+matmul peak (measured here, first), compile seconds and peak memory.
+"""
+
+import importlib
+import json
+import resource
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import config_flags
+
+import input_pipeline
+import sharding
+import train
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+
+
+def matmul_peak_flops(sizes=(1024, 2048, 3072), repeats=5) -> float:
+  """Best float32 matmul FLOP/s of this machine over a few square sizes."""
+  best = 0.0
+  for n in sizes:
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+      matmul(a, a).block_until_ready()
+    best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start))
+  return best
+
+
+def peak_memory_bytes() -> int:
+  stats = jax.devices()[0].memory_stats() or {}
+  if 'peak_bytes_in_use' in stats:
+    return int(stats['peak_bytes_in_use'])
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # CPU: process peak RSS
+
+
+def benchmark(config, steps: int, warmup: int) -> dict:
+  peak = matmul_peak_flops()
+  mesh = sharding.make_mesh(config.mesh)
+  train.validate(config, mesh)
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  model_cfg = train.model_config(config)
+  model = model_module.Model(model_cfg)
+  objective = importlib.import_module(f'objectives.{config.objective}')
+  tx = train.make_optimizer(config.optimizer,
+                            train.learning_rate_schedule(config.optimizer, config.train.num_steps))
+  batch_size = config.train.batch_size
+  local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
+                                       batch_size=batch_size // jax.process_count())
+  state, shardings = train.create_state(model, tx, local, config.seed, mesh,
+                                        config.logical_axis_rules)
+  step_fn = train.make_train_step(model, objective.loss_fn, tx, config, mesh, shardings)
+  with jax.set_mesh(mesh):
+    batch = sharding.global_batch(local, mesh)
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - start
+    for _ in range(warmup):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    start = time.perf_counter()
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    step_seconds = (time.perf_counter() - start) / steps
+  flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
+  tokens = batch_size * config.data.max_seq_length
+  return {
+      'model': config.model_name, 'batch_size': batch_size,
+      'seq_len': config.data.max_seq_length, 'devices': len(jax.devices()),
+      'mesh': dict(mesh.shape), 'dtype': config.model.dtype,
+      'step_seconds': round(step_seconds, 5),
+      'tokens_per_sec': round(tokens / step_seconds, 1),
+      'model_flops_per_step': flops,
+      'achieved_flops_per_sec': round(flops / step_seconds, 1),
+      'matmul_peak_flops_per_sec': round(peak, 1),
+      'mfu': round(flops / step_seconds / peak, 4),
+      'compile_seconds': round(compile_seconds, 2),
+      'peak_memory_bytes': peak_memory_bytes(),
+      'final_loss': float(jax.device_get(metrics['loss'])[0]),
+  }
+
+
+def main(argv):
+  del argv
+  print(json.dumps(benchmark(_CONFIG.value, _STEPS.value, _WARMUP.value)))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,106 @@
+"""BERT pretraining (MLM + NSP), Devlin et al. 2018, section 3.1 and appendix A.2.
+
+    python train.py --config=configs/bert_base.py:tiny --workdir=runs/bert_tiny
+    python train.py --config=configs/bert_base.py --workdir=runs/bert_base
+    python train.py --config=configs/bert_base.py:large --workdir=runs/bert_large
+
+Every field can be overridden, e.g. `--config.optimizer.learning_rate=5e-5`.
+"""
+
+import ml_collections
+
+# name: (layers, hidden, heads, mlp, vocab, seq_len, max_predictions, batch, steps, warmup, lr)
+VARIANTS = {
+    'tiny': (2, 128, 2, 512, 4096, 128, 20, 32, 600, 60, 1e-3),
+    'mini': (4, 256, 4, 1024, 30522, 128, 20, 32, 100_000, 10_000, 1e-4),
+    'base': (12, 768, 12, 3072, 30522, 128, 20, 256, 1_000_000, 10_000, 1e-4),
+    'large': (24, 1024, 16, 4096, 30522, 128, 20, 256, 1_000_000, 10_000, 1e-4),
+}
+
+
+def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
+  if arg not in VARIANTS:
+    raise ValueError(f'Unknown variant {arg!r}: use one of {", ".join(VARIANTS)}.')
+  (layers, hidden, heads, mlp, vocab, seq_len, max_preds, batch, steps,
+   warmup, lr) = VARIANTS[arg]
+
+  config = ml_collections.ConfigDict()
+  config.model_name = 'bert'
+  config.objective = 'mlm_nsp'
+  config.seed = 0
+
+  config.model = ml_collections.ConfigDict()
+  config.model.vocab_size = vocab
+  config.model.hidden_size = hidden
+  config.model.num_layers = layers
+  config.model.num_heads = heads
+  config.model.mlp_dim = mlp
+  config.model.max_position_embeddings = 512
+  config.model.type_vocab_size = 2
+  config.model.dropout_rate = 0.1
+  config.model.attention_dropout_rate = 0.1
+  config.model.initializer_range = 0.02
+  config.model.layer_norm_eps = 1e-12
+  config.model.dtype = 'float32'  # compute dtype; 'bfloat16' on TPU/GPU
+  config.model.scan_layers = False  # halves compile time at 24 layers, slower steps on CPU
+  config.model.remat = False
+
+  config.data = ml_collections.ConfigDict()
+  config.data.source = 'embedded'  # 'embedded' | 'files' | 'tfds'
+  config.data.files = ''  # glob, reference format: one sentence per line, blank line between documents
+  config.data.eval_files = ''  # glob; empty holds out every eval_holdout-th document of `files`
+  config.data.tfds_name = ''  # e.g. 'wikipedia/20230601.en'
+  config.data.tfds_split = 'train'
+  config.data.tfds_eval_split = ''  # empty holds out every eval_holdout-th document of tfds_split
+  config.data.tfds_text_feature = 'text'
+  config.data.tfds_data_dir = ''
+  config.data.eval_holdout = 100  # 1 in N documents go to the eval split
+  config.data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
+  config.data.vocab_file = ''  # empty learns a WordPiece vocabulary of model.vocab_size from the training text
+  config.data.lower_case = True
+  config.data.max_seq_length = seq_len
+  config.data.max_predictions_per_seq = max_preds
+  config.data.masked_lm_prob = 0.15
+  config.data.mask_token_prob = 0.8  # of the chosen tokens: 80% [MASK], then half random, half kept
+  config.data.random_token_prob = 0.1
+  config.data.short_seq_prob = 0.1
+  config.data.next_sentence_prediction = True
+  config.data.whole_word_masking = False
+  config.data.docs_per_chunk = 2000  # instances are built and shuffled within chunks of documents
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.learning_rate = lr
+  config.optimizer.warmup_steps = warmup
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.999
+  config.optimizer.eps = 1e-6
+  config.optimizer.weight_decay = 0.01
+  config.optimizer.clip_norm = 1.0
+
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = batch  # global, across all hosts and devices
+  config.train.num_steps = steps
+  config.train.grad_accum_steps = 1
+  config.train.log_every = 20 if arg == 'tiny' else 100
+  config.train.eval_every = 200 if arg == 'tiny' else 10_000
+  config.train.eval_steps = 10 if arg == 'tiny' else 100
+  config.train.checkpoint_every = 200 if arg == 'tiny' else 10_000
+  config.train.keep_checkpoints = 3
+
+  # Mesh axis sizes; -1 takes the remaining devices.
+  config.mesh = (('data', -1), ('fsdp', 1), ('tensor', 1))
+  # Logical axis -> mesh axes. Parameters shard over fsdp (embed) and tensor
+  # (vocab, heads, mlp); the batch over data and fsdp.
+  config.logical_axis_rules = (
+      ('batch', ('data', 'fsdp')),
+      ('vocab', 'tensor'),
+      ('embed', 'fsdp'),
+      ('mlp', 'tensor'),
+      ('heads', 'tensor'),
+      ('kv', None),
+      ('length', None),
+      ('act_embed', None),
+      ('act_mlp', 'tensor'),
+      ('act_heads', 'tensor'),
+  )
+  return config

@@ -1,0 +1,350 @@
+"""Document sources for pretraining: a TFDS dataset, local text files, or the embedded corpus.
+
+A document is a list of sentences (stripped, non-empty strings): BERT is
+pretrained on "a document-level corpus rather than a shuffled sentence-level
+corpus" (Devlin et al. 2018, sec. 3.1), and next sentence prediction needs
+the sentence order. Every source yields its documents in a fixed order; when
+no eval source is configured, every `eval_holdout`-th document is held out
+for evaluation. Each host reads a disjoint share of its split.
+
+The text-file format is the reference one (google-research/bert
+create_pretraining_data.py): one sentence per line, a blank line between
+documents.
+"""
+
+import ast
+import glob
+import hashlib
+import inspect
+import itertools
+import os
+import re
+import sys
+import sysconfig
+import time
+from typing import Iterable, Iterator
+
+from absl import logging
+import ml_collections
+
+from input_pipeline import tokenizer as tokenizer_lib
+
+SOURCES = ('embedded', 'files', 'tfds')
+# Enough text for a good vocabulary; learning from all of Wikipedia is slow.
+VOCAB_MAX_SENTENCES = 200_000
+
+Document = list[str]
+
+
+def documents(data_cfg: ml_collections.ConfigDict, split: str,
+              process_index: int = 0, process_count: int = 1) -> Iterator[Document]:
+  """This host's documents of `split` ('train' or 'eval'), a fresh pass per call."""
+  if split not in ('train', 'eval'):
+    raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
+  if data_cfg.source == 'tfds':
+    docs = _tfds_documents(data_cfg, split, process_index, process_count)
+  elif data_cfg.source in ('files', 'embedded'):
+    docs = _file_documents(data_cfg, split)
+    docs = itertools.islice(docs, process_index, None, process_count)
+  else:
+    raise ValueError(f'Unknown data.source {data_cfg.source!r}: use one of '
+                     f'{", ".join(SOURCES)}.')
+  # Peeked now so that an empty split fails before training, not mid-epoch.
+  first = next(docs, None)
+  if first is None:
+    raise ValueError(
+        f'data.source={data_cfg.source!r} gives no {split!r} documents for '
+        f'host {process_index} of {process_count}: give it more text (blank '
+        'lines separate documents), or set data.eval_files / '
+        'data.tfds_eval_split, or change data.eval_holdout.')
+  return itertools.chain([first], docs)
+
+
+def _hold_out(docs: Iterable[Document], split: str, every: int,
+              start: int = 0) -> Iterator[Document]:
+  """Document i of the source is eval iff i % every == 0, else train."""
+  if every < 2:
+    raise ValueError(f'data.eval_holdout={every} leaves no training documents:'
+                     ' use 2 or more (1 in N documents go to eval).')
+  return (doc for i, doc in enumerate(docs, start)
+          if (i % every == 0) == (split == 'eval'))
+
+
+# Text files in the reference format, and the embedded corpus.
+
+
+def _file_documents(data_cfg: ml_collections.ConfigDict,
+                    split: str) -> Iterator[Document]:
+  if data_cfg.source == 'embedded':
+    paths = [embedded_corpus(default_data_dir(data_cfg))]
+  elif split == 'eval' and data_cfg.eval_files:
+    return _read_documents(_glob('data.eval_files', data_cfg.eval_files))
+  else:
+    paths = _glob('data.files', data_cfg.files)
+    if data_cfg.eval_files:
+      return _read_documents(paths)
+  return _hold_out(_read_documents(paths), split, data_cfg.eval_holdout)
+
+
+def _is_remote(path: str) -> bool:
+  return '://' in path  # gs://, s3://, ...: read through TensorFlow's gfile
+
+
+def _glob(field: str, pattern: str) -> list[str]:
+  """Sorted files matching `pattern`, or a ValueError naming the config field."""
+  if _is_remote(pattern):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    paths = tf.io.gfile.glob(pattern)
+  else:
+    paths = [p for p in glob.glob(os.path.expanduser(pattern))
+             if os.path.isfile(p)]
+  if not paths:
+    raise ValueError(
+        f'{field}={pattern!r} matches no files: set --config.{field} to a glob'
+        ' of text files with one sentence per line and a blank line between '
+        'documents.')
+  return sorted(paths)
+
+
+def _open_binary(path: str):
+  if _is_remote(path):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.GFile(path, 'rb')
+  return open(path, 'rb')
+
+
+def _read_documents(paths: list[str]) -> Iterator[Document]:
+  """Documents of reference-format files; lines that are not UTF-8 are skipped."""
+  for path in paths:
+    document, undecodable = [], 0
+    with _open_binary(path) as f:
+      for raw_line in f:
+        try:
+          line = raw_line.decode('utf-8').strip()
+        except UnicodeDecodeError:
+          undecodable += 1
+          continue
+        if line:
+          document.append(line)
+        elif document:
+          yield document
+          document = []
+    if document:  # documents never span files
+      yield document
+    if undecodable:
+      logging.warning('Skipped %d lines of %s that are not UTF-8.',
+                      undecodable, path)
+
+
+# TFDS.
+
+
+def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
+                    process_index: int, process_count: int) -> Iterator[Document]:
+  """Documents of a TFDS text dataset; each host reads a contiguous slice."""
+  # Imported here: TensorFlow takes seconds to import and the other sources
+  # do not need it.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  explicit_eval = split == 'eval' and data_cfg.tfds_eval_split
+  tfds_split = data_cfg.tfds_eval_split if explicit_eval else data_cfg.tfds_split
+  builder = tfds.builder(data_cfg.tfds_name,
+                         data_dir=data_cfg.tfds_data_dir or None)
+  feature = data_cfg.tfds_text_feature
+  if feature not in builder.info.features:
+    raise ValueError(
+        f'TFDS dataset {data_cfg.tfds_name!r} has no feature {feature!r}: set '
+        f'data.tfds_text_feature to one of {", ".join(builder.info.features)}.')
+  builder.download_and_prepare()
+  host_splits = tfds.even_splits(tfds_split, n=process_count)
+  dataset = builder.as_dataset(split=host_splits[process_index],
+                               shuffle_files=False)
+  dataset = dataset.map(lambda example: example[feature])
+  docs = (_text_document(text.decode('utf-8')) for text in tfds.as_numpy(dataset))
+  if not data_cfg.tfds_eval_split:
+    # The holdout index counts from the start of the whole split, so the eval
+    # documents do not depend on the number of hosts.
+    start = sum(builder.info.splits[s].num_examples
+                for s in host_splits[:process_index])
+    docs = _hold_out(docs, split, data_cfg.eval_holdout, start)
+  return (doc for doc in docs if doc)
+
+
+def _text_document(text: str) -> Document:
+  """Sentences of a text whose paragraphs are separated by newlines."""
+  return [s for paragraph in text.splitlines() for s in split_sentences(paragraph)]
+
+
+# An end mark, optional closing quotes/brackets, space, then what can start a
+# sentence.
+_SENTENCE_END = re.compile(r'[.!?]+[\'")\]’”»]*(\s+)(?=[\'"(\[‘“«¿¡]?[A-Z0-9])')
+# A period after these ends an abbreviation or an initial, not a sentence.
+_NOT_AN_END = re.compile(
+    r'(\b(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|vs|etc|al|cf|viz|approx|No|Nos|Vol|'
+    r'Fig|Figs|Eq|Ch|Sec|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|'
+    r'Inc|Ltd|Co|Corp|Gen|Gov|Col|Lt|Sgt|Capt|Rev|U\.S|e\.g|i\.e)|'
+    r'(^|\s)[A-Z])\.$')
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits text into sentences with a regex heuristic, not a trained model.
+
+  A sentence ends at '.', '!' or '?' (then maybe closing quotes or brackets)
+  followed by space and an upper-case letter, digit, or opening quote or
+  bracket, unless the period ends a common abbreviation ('Dr.', 'e.g.') or
+  a single-letter initial ('J. Smith'). It misses sentences that start in
+  lower case and splits after abbreviations it does not know: good enough
+  for next sentence prediction, which needs sentence order, not exact
+  sentence boundaries.
+  """
+  sentences, start = [], 0
+  for match in _SENTENCE_END.finditer(text):
+    candidate = text[start:match.start(1)]
+    if not _NOT_AN_END.search(candidate):
+      sentences.append(candidate.strip())
+      start = match.end(1)
+  sentences.append(text[start:].strip())
+  return [s for s in sentences if s]
+
+
+# The embedded corpus: standard-library docstrings.
+
+_SKIPPED_DIRS = frozenset(
+    ['site-packages', 'dist-packages', 'test', 'tests', 'idlelib', 'lib2to3',
+     'turtledemo', '__pycache__'])
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+# Rules of tables and ASCII art ('====', '+---+', '----').
+_RULE = re.compile(r'^[-=+*~_|#. ]{3,}$|[-=]{4,}')
+# A code line: a statement keyword, an assignment, or a call with nothing after.
+_CODE = re.compile(r'^(def|class|import|from|return|if|for|while|with|try|'
+                   r'except|raise|print)\b.*[:)]$|^\w+(\.\w+)* *[-+*/]?= |'
+                   r'^[\w.]+\(.*\)$|[{};]$')
+
+
+def embedded_corpus(data_dir: str) -> str:
+  """Path of the default corpus, built on first use from standard-library docstrings.
+
+  Every Python installation carries it, so pretraining runs offline with no
+  data to download. One document per module, class or function docstring,
+  extracted with `ast` (nothing is imported, which could have side effects).
+  """
+  version = f'{sys.version_info.major}{sys.version_info.minor}'
+  path = os.path.join(data_dir, 'embedded', f'corpus-py{version}.txt')
+  if os.path.exists(path):
+    return path
+  started = time.time()
+  docs = list(_stdlib_documents(sysconfig.get_paths()['stdlib']))
+  lines = (line for doc in docs for line in doc + [''])
+  tokenizer_lib.write_lines_atomically(lines, path)
+  logging.info(
+      'Built the embedded corpus %s in %.1f s: %d documents, %d sentences, '
+      '%d characters.', path, time.time() - started, len(docs),
+      sum(map(len, docs)), sum(len(s) for doc in docs for s in doc))
+  return path
+
+
+def _stdlib_files(stdlib: str) -> Iterator[str]:
+  """The standard library's .py files, sorted, without tests and demos."""
+  for root, dirs, files in os.walk(stdlib):
+    dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
+    yield from (os.path.join(root, f) for f in sorted(files) if f.endswith('.py'))
+
+
+def _stdlib_documents(stdlib: str) -> Iterator[Document]:
+  seen = set()  # the same docstring is often repeated by overriding methods
+  for path in _stdlib_files(stdlib):
+    try:
+      with open(path, 'rb') as f:
+        tree = ast.parse(f.read(), path)
+    except (SyntaxError, ValueError):
+      continue
+    nodes = sorted((n for n in ast.walk(tree) if isinstance(n, _DOCUMENTED)),
+                   key=lambda n: getattr(n, 'lineno', 0))
+    for node in nodes:
+      docstring = ast.get_docstring(node, clean=False)
+      if docstring and docstring not in seen:
+        seen.add(docstring)
+        doc = _docstring_sentences(docstring)
+        if any(len(s.split()) >= 3 for s in doc):
+          yield doc
+
+
+def _docstring_sentences(docstring: str) -> Document:
+  """Sentences of the prose paragraphs of a docstring."""
+  sentences = []
+  for paragraph in re.split(r'\n\s*\n', inspect.cleandoc(docstring)):
+    if paragraph[:1].isspace():
+      continue  # indented: a literal block, a table or code
+    lines = []
+    for line in paragraph.splitlines():
+      line = line.strip()
+      if line.startswith(('>>>', '...')):
+        break  # a doctest: the rest of the paragraph is code and its output
+      if not (_RULE.search(line) or _CODE.search(line)):
+        lines.append(line)
+    sentences += [s for s in split_sentences(' '.join(lines)) if _is_prose(s)]
+  return sentences
+
+
+_WORD = re.compile(r'[("\'`*]*[A-Za-z][a-z\'-]*[)"\'`*.,;:!?]*')
+
+
+def _is_prose(sentence: str) -> bool:
+  """Mostly plain words, not lists of identifiers, constants or numbers."""
+  words = sentence.split()
+  return sum(bool(_WORD.fullmatch(w)) for w in words) * 2 >= len(words)
+
+
+def default_data_dir(data_cfg: ml_collections.ConfigDict) -> str:
+  """Where the embedded corpus and learned vocabularies are cached."""
+  return os.path.expanduser(data_cfg.data_dir or '~/.cache/lm_lineage')
+
+
+# Vocabulary.
+
+
+def get_tokenizer(data_cfg: ml_collections.ConfigDict,
+                  vocab_size: int) -> tokenizer_lib.WordPieceTokenizer:
+  """The configured vocabulary, or one learned from the training text and cached."""
+  if data_cfg.vocab_file:
+    if not os.path.isfile(data_cfg.vocab_file):
+      raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} does not exist:'
+                       ' point it at a vocab.txt, or set it to "" to learn one.')
+    return tokenizer_lib.WordPieceTokenizer(data_cfg.vocab_file,
+                                            data_cfg.lower_case)
+  casing = 'uncased' if data_cfg.lower_case else 'cased'
+  path = os.path.join(default_data_dir(data_cfg), 'vocab',
+                      f'{_source_key(data_cfg)}-{vocab_size}-{casing}.txt')
+  if not os.path.exists(path):
+    started = time.time()
+    sentences = (s for doc in documents(data_cfg, 'train') for s in doc)
+    tokenizer_lib.learn_vocab(
+        itertools.islice(sentences, VOCAB_MAX_SENTENCES), vocab_size,
+        data_cfg.lower_case, path)
+    logging.info('Learned a vocabulary of %d tokens in %.1f s: %s', vocab_size,
+                 time.time() - started, path)
+  return tokenizer_lib.WordPieceTokenizer(path, data_cfg.lower_case)
+
+
+def _source_key(data_cfg: ml_collections.ConfigDict) -> str:
+  """A file-name-safe name of the training text, e.g. 'embedded-py311'."""
+  if data_cfg.source == 'embedded':
+    return f'embedded-py{sys.version_info.major}{sys.version_info.minor}'
+  if data_cfg.source == 'files':
+    paths = _glob('data.files', data_cfg.files)
+    # Sizes too: a file rewritten in place is new text.
+    identity = [(p if _is_remote(p) else os.path.abspath(p), _size(p))
+                for p in paths]
+    name = os.path.splitext(os.path.basename(paths[0]))[0]
+  else:
+    identity = [data_cfg.tfds_name, data_cfg.tfds_split]
+    name = data_cfg.tfds_name
+  digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:10]
+  name = re.sub(r'[^\w.-]+', '_', name)[:40]
+  return f'{data_cfg.source}-{name}-{digest}'
+
+
+def _size(path: str) -> int:
+  if _is_remote(path):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.stat(path).length
+  return os.path.getsize(path)

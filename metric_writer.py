@@ -1,0 +1,56 @@
+"""Writes metrics to the console, to workdir/metrics.jsonl and to TensorBoard (host 0 only)."""
+
+import json
+import math
+import os
+import time
+
+import jax
+
+
+def _format(value: float) -> str:
+  if value == 0 or 1e-3 <= abs(value) < 1e5:
+    return f'{value:.4g}'
+  return f'{value:.3e}'
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  h, m, s = seconds // 3600, seconds % 3600 // 60, seconds % 60
+  return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
+
+
+class MetricWriter:
+  """One JSON object per logged step; TensorBoard scalars; one console line."""
+
+  def __init__(self, workdir: str, total_steps: int):
+    self.total_steps = total_steps
+    self.active = jax.process_index() == 0
+    self._jsonl = None
+    self._tb = None
+    if self.active:
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+  def write(self, step: int, metrics: dict[str, float], *, prefix: str = '',
+            steps_per_sec: float | None = None) -> None:
+    if not self.active:
+      return
+    named = {prefix + k: float(v) for k, v in metrics.items()}
+    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), **named}) + '\n')
+    self._jsonl.flush()
+    for k, v in named.items():
+      if math.isfinite(v):
+        self._tb.add_scalar(k, v, step)
+    self._tb.flush()
+    shown = ' | '.join(f'{k} {_format(v)}' for k, v in named.items())
+    eta = ''
+    if steps_per_sec:
+      eta = f' | ETA {_duration((self.total_steps - step) / steps_per_sec)}'
+    print(f'step {step}/{self.total_steps} | {shown}{eta}', flush=True)
+
+  def close(self) -> None:
+    if self.active:
+      self._jsonl.close()
+      self._tb.close()

@@ -1,0 +1,1 @@
+"""One file per architecture; train.py imports models.<config.model_name>."""

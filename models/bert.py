@@ -1,0 +1,122 @@
+"""BERT: a bidirectional post-LN Transformer encoder with MLM and NSP heads (Devlin et al. 2018, sec. 3).
+
+Inputs follow the BERT feature spec of input_pipeline/bert_pretraining.py:
+input_ids, segment_ids, input_mask (B, L) and, for the MLM head,
+masked_lm_positions (B, P).
+"""
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import layers
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: str = 'float32'
+  scan_layers: bool = False
+  remat: bool = False
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f'model.hidden_size={self.hidden_size} is not divisible by '
+                       f'model.num_heads={self.num_heads}: pick a head count that divides it.')
+
+
+class Model(nn.Module):
+  """BERT for pretraining; returns every layer's hidden states and both heads' logits."""
+  config: Config
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, Array], *, deterministic: bool = True
+               ) -> dict[str, Any]:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    ids_BL = batch['input_ids']
+    L = ids_BL.shape[1]
+    if L > cfg.max_position_embeddings:
+      raise ValueError(
+          f'Sequence length {L} exceeds max_position_embeddings='
+          f'{cfg.max_position_embeddings}: shorten data.max_seq_length.')
+    init = layers.truncated_normal(cfg.initializer_range)
+
+    token_embed = layers.Embed(cfg.vocab_size, cfg.hidden_size, ('vocab', 'embed'),
+                               init, dtype, name='token_embed')
+    x_BLD = token_embed(ids_BL)
+    x_BLD += layers.Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
+                          init, dtype, name='position_embed')(jnp.arange(L))[None]
+    x_BLD += layers.Embed(cfg.type_vocab_size, cfg.hidden_size, (None, 'embed'),
+                          init, dtype, name='segment_embed')(batch['segment_ids'])
+    x_BLD = layers.layer_norm(cfg.layer_norm_eps, dtype, 'embed_ln')(x_BLD)
+    x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
+    x_BLD = nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
+
+    block = functools.partial(
+        layers.PostLNBlock, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
+        dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
+        layer_norm_eps=cfg.layer_norm_eps, init_stddev=cfg.initializer_range, dtype=dtype)
+    hidden = layers.run_layers(
+        block, cfg.num_layers, x_BLD, layers.padding_mask(batch['input_mask']),
+        deterministic=deterministic, scan=cfg.scan_layers, remat=cfg.remat)
+    out_BLD = hidden[-1]
+
+    pooled_BD = jnp.tanh(layers.Einsum(
+        'BD,DE->BE', (cfg.hidden_size, cfg.hidden_size), ('embed', 'mlp'),
+        kernel_init=init, dtype=dtype, name='pooler')(out_BLD[:, 0]))
+    outputs = {
+        'hidden_states': [x_BLD] + hidden,  # embeddings, then each layer
+        'sequence_output': out_BLD,
+        'pooled_output': pooled_BD,
+        'nsp_logits': layers.Einsum(
+            'BD,DT->BT', (cfg.hidden_size, 2), ('embed', None), kernel_init=init,
+            dtype=dtype, name='nsp_head')(pooled_BD).astype(jnp.float32),
+    }
+    if 'masked_lm_positions' in batch:
+      outputs['mlm_logits'] = self._mlm_logits(out_BLD, batch['masked_lm_positions'],
+                                               token_embed, init, dtype)
+    return outputs
+
+  def _mlm_logits(self, x_BLD, positions_BP, token_embed, init, dtype) -> Array:
+    # Only the masked positions reach the vocabulary projection: the largest
+    # matmul of the step shrinks from L to P rows per example.
+    cfg = self.config
+    x_BPD = jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
+    x_BPD = layers.Einsum('BPD,DE->BPE', (cfg.hidden_size, cfg.hidden_size),
+                          ('embed', 'mlp'), kernel_init=init, dtype=dtype,
+                          name='mlm_transform')(x_BPD)
+    x_BPD = nn.gelu(x_BPD, approximate=False)
+    x_BPD = layers.layer_norm(cfg.layer_norm_eps, dtype, 'mlm_ln')(x_BPD)
+    bias_V = self.param('mlm_output_bias',
+                        nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',)),
+                        (cfg.vocab_size,), jnp.float32)
+    return token_embed.attend(x_BPD) + bias_V
+
+
+def train_flops_per_example(cfg: Config, data_cfg) -> float:
+  """Analytic training FLOPs per example: 3x the forward matmul FLOPs (2 per multiply-add).
+
+  XLA's cost analysis is not used: it counts a scanned layer once.
+  """
+  D, F, V = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size
+  L, P = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+  per_layer = 2 * L * (4 * D * D + 2 * D * F) + 2 * 2 * L * L * D
+  heads = 2 * P * (D * D + D * V) + 2 * (D * D + 2 * D)
+  return 3.0 * (cfg.num_layers * per_layer + heads)

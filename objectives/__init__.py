@@ -1,0 +1,1 @@
+"""Pure loss functions over model outputs; train.py imports objectives.<config.objective>."""

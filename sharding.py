@@ -1,0 +1,69 @@
+"""Device mesh, logical-axis shardings and global batches, shared by every model.
+
+Parameters carry logical axis names (vocab, embed, mlp, heads, kv, layers);
+config.logical_axis_rules maps them to the mesh axes (data, fsdp, tensor).
+"""
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+BATCH_AXES = ('data', 'fsdp')
+
+
+def mesh_shape(mesh_cfg: Sequence[tuple[str, int]], num_devices: int) -> dict[str, int]:
+  """Resolves the single -1 in config.mesh to the remaining devices."""
+  names = [name for name, _ in mesh_cfg]
+  if sorted(names) != sorted(['data', 'fsdp', 'tensor']):
+    raise ValueError(f'config.mesh names {names}: use exactly the axes data, fsdp, tensor.')
+  sizes = [int(size) for _, size in mesh_cfg]
+  if sizes.count(-1) > 1:
+    raise ValueError(f'config.mesh {tuple(mesh_cfg)} has more than one -1: give all sizes but one.')
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % fixed:
+      raise ValueError(f'config.mesh fixes {fixed} devices, which does not divide the '
+                       f'{num_devices} available: change the fixed axis sizes.')
+    sizes[sizes.index(-1)] = num_devices // fixed
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f'config.mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices '
+                     f'but {num_devices} are available: set one size to -1.')
+  return dict(zip(names, sizes))
+
+
+def make_mesh(mesh_cfg, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+  devices = list(devices if devices is not None else jax.devices())
+  shape = mesh_shape(mesh_cfg, len(devices))
+  # Auto axes: linen's logical constraints and the embedding gather need them.
+  return jax.make_mesh(tuple(shape.values()), tuple(shape.keys()),
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                       devices=devices)
+
+
+def data_parallel_size(mesh: jax.sharding.Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def logical_shardings(abstract_boxed: Any, mesh, rules) -> Any:
+  """NamedShardings for a tree whose leaves may be logically partitioned boxes."""
+  specs = nn.get_partition_spec(abstract_boxed)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+  """Assembles host-local numpy batches into one global array per feature."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in local_batch.items()}

@@ -1,0 +1,123 @@
+"""BERT model: the paper's parameter counts, shapes, padding, attention paths, scanned layers."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import bert
+from models import layers
+
+
+def _batch(B=2, L=16, P=4, vocab=100, seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+      'input_ids': jnp.asarray(rng.integers(5, vocab, (B, L)), jnp.int32),
+      'segment_ids': jnp.asarray(np.repeat([[0] * (L // 2) + [1] * (L - L // 2)], B, 0), jnp.int32),
+      'input_mask': jnp.ones((B, L), jnp.int32),
+      'masked_lm_positions': jnp.asarray(rng.integers(1, L, (B, P)), jnp.int32),
+  }
+
+
+def _expected_count(V, D, layers_, F, positions=512, types=2):
+  embeddings = (V + positions + types) * D + 2 * D
+  block = 4 * (D * D + D) + 2 * D + (D * F + F) + (F * D + D) + 2 * D
+  pooler = D * D + D
+  heads = (D * D + D) + 2 * D + V + (2 * D + 2)  # MLM transform, LN, output bias; NSP
+  return embeddings + layers_ * block + pooler + heads
+
+
+@pytest.mark.parametrize('name,kwargs,paper', [
+    ('base', {}, 110e6),
+    ('large', dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096), 340e6),
+])
+def test_parameter_count_matches_paper(name, kwargs, paper):
+  # Devlin et al. 2018, sec. 3: BERT-BASE 110M, BERT-LARGE 340M parameters.
+  cfg = bert.Config(**kwargs)
+  shapes = jax.eval_shape(lambda: bert.Model(cfg).init(jax.random.key(0), _batch(1, 8, 2)))
+  count = layers.count_params(nn.meta.unbox(shapes['params']))
+  print(f'BERT-{name}: {count:,} parameters')
+  assert count == _expected_count(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.mlp_dim)
+  assert abs(count - paper) / paper < 0.015
+
+
+def _tiny(**kw):
+  return bert.Config(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
+                     max_position_embeddings=32, **kw)
+
+
+def test_output_shapes():
+  cfg = _tiny()
+  model = bert.Model(cfg)
+  batch = _batch()
+  variables = model.init(jax.random.key(0), batch)
+  out = model.apply(variables, batch)
+  assert out['mlm_logits'].shape == (2, 4, 100)
+  assert out['mlm_logits'].dtype == jnp.float32
+  assert out['nsp_logits'].shape == (2, 2)
+  assert out['pooled_output'].shape == (2, 32)
+  assert len(out['hidden_states']) == cfg.num_layers + 1
+  assert all(h.shape == (2, 16, 32) for h in out['hidden_states'])
+  np.testing.assert_array_equal(out['sequence_output'], out['hidden_states'][-1])
+
+
+def test_padding_does_not_change_real_positions():
+  cfg = _tiny(dropout_rate=0.0, attention_dropout_rate=0.0)
+  model = bert.Model(cfg)
+  n, L = 10, 16
+  short = _batch(2, n, 3)
+  padded = {k: v for k, v in short.items()}
+  rng = np.random.default_rng(1)
+  padded['input_ids'] = jnp.concatenate(
+      [short['input_ids'], jnp.asarray(rng.integers(5, 100, (2, L - n)), jnp.int32)], 1)
+  padded['segment_ids'] = jnp.pad(short['segment_ids'], ((0, 0), (0, L - n)))
+  padded['input_mask'] = jnp.pad(short['input_mask'], ((0, 0), (0, L - n)))
+  variables = model.init(jax.random.key(0), padded)
+  out_short = model.apply(variables, short)
+  out_padded = model.apply(variables, padded)
+  for h_short, h_padded in zip(out_short['hidden_states'], out_padded['hidden_states']):
+    np.testing.assert_allclose(h_padded[:, :n], h_short, atol=2e-5)
+  np.testing.assert_allclose(out_padded['mlm_logits'], out_short['mlm_logits'], atol=2e-4)
+  np.testing.assert_allclose(out_padded['nsp_logits'], out_short['nsp_logits'], atol=2e-5)
+
+
+def test_fused_attention_equals_explicit_path():
+  attention = layers.MultiHeadAttention(num_heads=4, head_dim=8, dropout_rate=0.0)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 6, 32)), jnp.float32)
+  mask = layers.padding_mask(jnp.asarray([[1] * 6, [1] * 4 + [0] * 2]))
+  variables = attention.init(jax.random.key(0), x, x, mask, deterministic=True)
+  fused = attention.apply(variables, x, x, mask, deterministic=True)
+  q = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
+  explicit = attention.apply(variables, q, k, v, mask, rngs={'dropout': jax.random.key(1)},
+                             method=lambda m, *a: m._attend_with_dropout(*a))
+  reference = jax.nn.dot_product_attention(q, k, v, mask=mask)
+  np.testing.assert_allclose(explicit, reference, atol=1e-5)
+  assert fused.shape == x.shape
+
+
+def test_scanned_layers_equal_unrolled_layers():
+  batch = _batch()
+  unrolled = bert.Model(_tiny(dropout_rate=0.0, attention_dropout_rate=0.0))
+  scanned = bert.Model(_tiny(dropout_rate=0.0, attention_dropout_rate=0.0, scan_layers=True))
+  params = nn.meta.unbox(unrolled.init(jax.random.key(0), batch)['params'])
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), params['layer_0'], params['layer_1'])
+  scan_params = {k: v for k, v in params.items() if not k.startswith('layer_')}
+  scan_params['layers'] = {'block': stacked}
+  expected = unrolled.apply({'params': params}, batch)
+  got = scanned.apply({'params': scan_params}, batch)
+  np.testing.assert_allclose(got['mlm_logits'], expected['mlm_logits'], atol=1e-4)
+  for a, b in zip(got['hidden_states'], expected['hidden_states']):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_invalid_config_is_refused():
+  with pytest.raises(ValueError, match='not divisible by model.num_heads'):
+    bert.Config(hidden_size=100, num_heads=12)
+  with pytest.raises(ValueError, match='max_position_embeddings'):
+    model = bert.Model(_tiny())
+    batch = _batch(1, 40, 2)
+    model.init(jax.random.key(0), batch)

@@ -1,0 +1,196 @@
+"""Tests of the document sources: text files, TFDS (mocked), the embedded corpus, vocabularies."""
+
+import os
+import sys
+import time
+import types
+
+import pytest
+
+from configs import bert_base
+from input_pipeline import sources
+from input_pipeline import tokenizer as tokenizer_lib
+
+# Documents 0..4 across two files in the reference format.
+A_TXT = ('Doc zero, sentence one.\nDoc zero, sentence two.\n\n\n'
+         '  Doc one has one sentence.  \n\nDoc two, first.\nDoc two, second.\n'
+         'Doc two, third.\n')
+B_TXT = 'Doc three.\n\nDoc four, a.\nDoc four, b.\n\n'
+DOCS = [['Doc zero, sentence one.', 'Doc zero, sentence two.'],
+        ['Doc one has one sentence.'],
+        ['Doc two, first.', 'Doc two, second.', 'Doc two, third.'],
+        ['Doc three.'],
+        ['Doc four, a.', 'Doc four, b.']]
+
+
+def _data_cfg(tmp_path, **overrides):
+  data_cfg = bert_base.get_config('tiny').data
+  data_cfg.data_dir = str(tmp_path / 'cache')
+  data_cfg.update(overrides)
+  return data_cfg
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  (tmp_path / 'a.txt').write_text(A_TXT, encoding='utf-8')
+  (tmp_path / 'b.txt').write_text(B_TXT, encoding='utf-8')
+  return str(tmp_path / '*.txt')
+
+
+def test_files_holdout_is_disjoint_and_covering(tmp_path, corpus):
+  data_cfg = _data_cfg(tmp_path, source='files', files=corpus, eval_holdout=2)
+  assert list(sources.documents(data_cfg, 'eval')) == [DOCS[0], DOCS[2], DOCS[4]]
+  assert list(sources.documents(data_cfg, 'train')) == [DOCS[1], DOCS[3]]
+  # A fresh pass on every call.
+  assert list(sources.documents(data_cfg, 'train')) == [DOCS[1], DOCS[3]]
+
+
+def test_files_explicit_eval_files(tmp_path, corpus):
+  (tmp_path / 'eval.text').write_text('Held out.\n', encoding='utf-8')
+  data_cfg = _data_cfg(tmp_path, source='files', files=corpus,
+                       eval_files=str(tmp_path / 'eval.text'))
+  assert list(sources.documents(data_cfg, 'train')) == DOCS
+  assert list(sources.documents(data_cfg, 'eval')) == [['Held out.']]
+
+
+def test_files_hosts_get_disjoint_documents(tmp_path, corpus):
+  data_cfg = _data_cfg(tmp_path, source='files', files=corpus, eval_holdout=5)
+  hosts = [list(sources.documents(data_cfg, 'train', i, 2)) for i in range(2)]
+  assert hosts == [[DOCS[1], DOCS[3]], [DOCS[2], DOCS[4]]]
+
+
+def test_files_errors_name_the_fix(tmp_path, corpus):
+  with pytest.raises(ValueError, match='data.files=.*matches no files'):
+    sources.documents(_data_cfg(tmp_path, source='files',
+                                files=str(tmp_path / 'nope*.txt')), 'train')
+  (tmp_path / 'empty.txt').write_text('\n\n', encoding='utf-8')
+  with pytest.raises(ValueError, match="no 'train' documents") as error:
+    sources.documents(_data_cfg(tmp_path, source='files',
+                                files=str(tmp_path / 'empty.txt')), 'train')
+  assert '\n' not in str(error.value)
+  with pytest.raises(ValueError, match='use one of embedded, files, tfds'):
+    sources.documents(_data_cfg(tmp_path, source='wiki'), 'train')
+  with pytest.raises(ValueError, match='eval_holdout=1'):
+    sources.documents(_data_cfg(tmp_path, source='files', files=corpus,
+                                eval_holdout=1), 'train')
+  with pytest.raises(ValueError, match="use 'train' or 'eval'"):
+    sources.documents(_data_cfg(tmp_path, source='files', files=corpus), 'test')
+
+
+def test_files_skip_undecodable_lines_and_warn(tmp_path, monkeypatch):
+  path = tmp_path / 'bad.txt'
+  path.write_bytes(b'Good one.\nBad \xff\xfe line.\nGood two.\n\nAlso \xc3.\n\n'
+                   b'Next doc.\n')
+  warnings = []
+  monkeypatch.setattr(sources.logging, 'warning',
+                      lambda msg, *args: warnings.append(msg % args))
+  data_cfg = _data_cfg(tmp_path, source='files', files=str(path), eval_files=str(path))
+  assert list(sources.documents(data_cfg, 'train')) == [
+      ['Good one.', 'Good two.'], ['Next doc.']]
+  assert warnings == [f'Skipped 2 lines of {path} that are not UTF-8.']
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('Dr. Smith went home. He slept! Did he? Yes.',
+     ['Dr. Smith went home.', 'He slept!', 'Did he?', 'Yes.']),
+    ('J. R. R. Tolkien wrote it, e.g. The Hobbit. In 1937 it sold.',
+     ['J. R. R. Tolkien wrote it, e.g. The Hobbit.', 'In 1937 it sold.']),
+    ('He said "Stop." Then he left.  ', ['He said "Stop."', 'Then he left.']),
+    ('Version 3.11 is out. it is lower case after.',
+     ['Version 3.11 is out. it is lower case after.']),
+    ('   ', []),
+])
+def test_split_sentences(text, expected):
+  assert sources.split_sentences(text) == expected
+
+
+# TFDS, through tfds.testing.mock_data: examples are random strings of
+# ' abcdefghij', the same ones for every split and slice.
+
+
+def _tfds_cfg(tmp_path, **overrides):
+  return _data_cfg(tmp_path, source='tfds', tfds_name='lm1b',
+                   tfds_split='train', **overrides)
+
+
+def _mock_texts(tfds, n):
+  with tfds.testing.mock_data(num_examples=n,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    dataset = tfds.load('lm1b', split='train', shuffle_files=False)
+    return [ex['text'].decode().strip() for ex in tfds.as_numpy(dataset)]
+
+
+def test_tfds_documents(tmp_path):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  texts = _mock_texts(tfds, 6)
+  data_cfg = _tfds_cfg(tmp_path, eval_holdout=3)
+  with tfds.testing.mock_data(num_examples=6,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    train = list(sources.documents(data_cfg, 'train'))
+    eval_ = list(sources.documents(data_cfg, 'eval'))
+    data_cfg.tfds_eval_split = 'test'
+    explicit = [list(sources.documents(data_cfg, 'eval', i, 2)) for i in range(2)]
+    data_cfg.tfds_text_feature = 'body'
+    with pytest.raises(ValueError, match="no feature 'body'.*one of text"):
+      sources.documents(data_cfg, 'train')
+  for doc in train + eval_:
+    assert doc and all(isinstance(s, str) and s == s.strip() and s for s in doc)
+  assert [d[0] for d in eval_] == [texts[0], texts[3]]
+  assert [d[0] for d in train] == [texts[i] for i in (1, 2, 4, 5)]
+  assert [d[0] for d in explicit[0]] == texts  # mock slices ignore the bounds
+
+
+class _FiveExamplesPerSlice(dict):
+  """The mock has no split sizes: this claims 5 examples for any slice."""
+
+  def __getitem__(self, split):
+    return types.SimpleNamespace(num_examples=5)
+
+
+def test_tfds_holdout_index_counts_from_the_start_of_the_split(tmp_path, monkeypatch):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  texts = _mock_texts(tfds, 5)
+  monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
+                      property(lambda self: _FiveExamplesPerSlice()))
+  data_cfg = _tfds_cfg(tmp_path, eval_holdout=2)
+  with tfds.testing.mock_data(num_examples=5,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    host1_eval = list(sources.documents(data_cfg, 'eval', 1, 2))
+  # Host 1 reads examples 5..9 of the split; the even ones are eval.
+  assert [d[0] for d in host1_eval] == [texts[1], texts[3]]
+
+
+# The embedded corpus and vocabularies.
+
+
+def test_embedded_corpus_is_built_once(tmp_path, monkeypatch):
+  started = time.time()
+  path = sources.embedded_corpus(str(tmp_path))
+  print(f'embedded corpus built in {time.time() - started:.1f} s')
+  assert path == str(tmp_path / 'embedded' / f'corpus-py{sys.version_info.major}'
+                     f'{sys.version_info.minor}.txt')
+  assert 'antigravity' not in sys.modules  # parsed, never imported
+  docs = list(sources._read_documents([path]))
+  assert len(docs) > 1000
+  assert sum(len(s) for doc in docs for s in doc) > 500_000
+  assert all(any(len(s.split()) >= 3 for s in doc) for doc in docs)
+  assert not any(s.startswith(('>>>', '...')) for doc in docs for s in doc)
+  monkeypatch.setattr(sources, '_stdlib_documents', None)  # must not rebuild
+  assert sources.embedded_corpus(str(tmp_path)) == path
+  data_cfg = _data_cfg(tmp_path, source='embedded', data_dir=str(tmp_path))
+  assert len(list(sources.documents(data_cfg, 'eval'))) == len(docs[::100])
+
+
+def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
+  data_cfg = _data_cfg(tmp_path, source='files', files=corpus, eval_holdout=5)
+  tok = sources.get_tokenizer(data_cfg, 200)
+  [path] = os.listdir(tmp_path / 'cache' / 'vocab')
+  assert path.startswith('files-a-') and path.endswith('-200-uncased.txt')
+  assert tok.vocab_size == 200 and tok.unk_id not in tok.encode('Doc two, third.')
+  monkeypatch.setattr(tokenizer_lib, 'learn_vocab', None)  # must reuse the cache
+  assert sources.get_tokenizer(data_cfg, 200).vocab_file == tok.vocab_file
+  data_cfg.vocab_file = tok.vocab_file
+  assert sources.get_tokenizer(data_cfg, 200).vocab_size == 200
+  data_cfg.vocab_file = str(tmp_path / 'missing.txt')
+  with pytest.raises(ValueError, match='data.vocab_file=.*does not exist'):
+    sources.get_tokenizer(data_cfg, 200)
