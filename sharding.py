@@ -49,9 +49,26 @@ def data_parallel_size(mesh: jax.sharding.Mesh) -> int:
 
 
 def logical_shardings(abstract_boxed: Any, mesh, rules) -> Any:
-  """NamedShardings for a tree whose leaves may be logically partitioned boxes."""
-  specs = nn.get_partition_spec(abstract_boxed)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  """NamedShardings for a tree whose leaves may be logically partitioned boxes.
+
+  Raises a one-line ValueError when a dimension does not divide over its mesh axes.
+  """
+  logical = nn.get_partition_spec(abstract_boxed)
+  shardings = nn.logical_to_mesh_sharding(logical, mesh, rules)
+
+  def check(path, leaf, names, named_sharding):
+    for dim, name, axes in zip(leaf.shape, names, named_sharding.spec):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      ways = math.prod(mesh.shape[a] for a in axes)
+      if dim % ways:
+        raise ValueError(
+            f'{jax.tree_util.keystr(path)} has {dim} entries along {name!r}, which the mesh '
+            f'axes {axes} split {ways} ways: change config.mesh or map {name!r} elsewhere '
+            'in config.logical_axis_rules.')
+
+  jax.tree_util.tree_map_with_path(check, nn.meta.unbox(abstract_boxed), logical, shardings,
+                                   is_leaf=lambda x: isinstance(x, P))
+  return shardings
 
 
 def batch_sharding(mesh) -> NamedSharding:

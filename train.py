@@ -5,9 +5,9 @@
 Running the same command on the same workdir resumes from its last checkpoint.
 """
 
-import functools
+import dataclasses
 import importlib
-import json
+import importlib.util
 import os
 import shutil
 import signal
@@ -238,15 +238,28 @@ def write_workdir_files(config, workdir: str, tokenizer) -> None:
     shutil.copyfile(tokenizer.vocab_file, os.path.join(workdir, 'vocab.txt'))
 
 
-def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None
-                       ) -> TrainState:
-  """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption would."""
+@dataclasses.dataclass
+class Run:
+  """Everything a training run is made of, built by `setup`."""
+  config: Any
+  workdir: str
+  mesh: jax.sharding.Mesh
+  tokenizer: Any
+  train_iter: Any
+  objective: Any
+  schedule: optax.Schedule
+  state: TrainState
+  train_step: Callable
+  eval_step: Callable
+  mngr: Any
+
+
+def setup(config, workdir: str) -> Run:
+  """Checks, data, model and state (restored if the workdir has a checkpoint)."""
   # Mesh and checks, before any data is read or anything compiled.
   mesh = sharding.make_mesh(config.mesh)
   validate(config, mesh)
   os.makedirs(workdir, exist_ok=True)
-  rules = config.logical_axis_rules
-  tc = config.train
 
   # Data.
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
@@ -254,102 +267,158 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='
                      f'{config.model.vocab_size}: set --config.model.vocab_size='
                      f'{tokenizer.vocab_size}.')
-  local_batch = tc.batch_size // jax.process_count()
   train_iter = input_pipeline.get_dataset(
-      config.data, 'train', tokenizer=tokenizer, batch_size=local_batch, seed=config.seed,
+      config.data, 'train', tokenizer=tokenizer,
+      batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  write_workdir_files(config, workdir, tokenizer)
 
   # Model, objective, optimizer, state.
   model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
   objective = importlib.import_module(f'objectives.{config.objective}')
-  schedule = learning_rate_schedule(config.optimizer, tc.num_steps)
+  schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
   tx = make_optimizer(config.optimizer, schedule)
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
-  state, state_shardings = create_state(model, tx, example, config.seed, mesh, rules)
-  mngr = checkpoints.manager(workdir, tc.keep_checkpoints)
+  state, state_shardings = create_state(model, tx, example, config.seed, mesh,
+                                        config.logical_axis_rules)
+  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   if mngr.latest_step() is not None:
     state, data_state = checkpoints.restore(mngr, state)
     train_iter.set_state(data_state)
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
-  train_step = make_train_step(model, objective.loss_fn, tx, config, mesh, state_shardings)
-  eval_step = make_eval_step(model, objective.loss_fn, config, mesh, state_shardings)
+  write_workdir_files(config, workdir, tokenizer)
+  return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
+             make_train_step(model, objective.loss_fn, tx, config, mesh, state_shardings),
+             make_eval_step(model, objective.loss_fn, config, mesh, state_shardings), mngr)
 
-  step = int(state.step)
-  if jax.process_index() == 0:
-    print(f'{config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
-          f'parameters; mesh {dict(mesh.shape)}; starting at step {step}/{tc.num_steps}.',
-          flush=True)
-  writer = metric_writer.MetricWriter(workdir, tc.num_steps)
-  stop = StopRequested()
-  previous_handler = signal.signal(signal.SIGTERM, stop)
-  tokens_per_step = tc.batch_size * config.data.max_seq_length
-  last_good_step = mngr.latest_step()
-  totals, pending = {}, None
-  last_time, last_step = time.time(), step
-  run_end = tc.num_steps if stop_after_steps is None else min(tc.num_steps, step + stop_after_steps)
 
-  def finish(pending_step, metrics):
-    # Reading the previous step's metrics while the next one runs keeps the
-    # device busy; a non-finite loss is still caught at its own step.
-    nonlocal totals
-    totals = accumulate(totals, metrics)
-    loss = float(jax.device_get(metrics['loss'])[0])
+class Progress:
+  """Sums step metrics, stops on a non-finite loss, and times the steps between logs."""
+
+  def __init__(self, run: Run, step: int):
+    self.run, self.totals = run, {}
+    self.last_good_step = run.mngr.latest_step()
+    self.last_step, self.last_time, self.paused = step, time.time(), 0.0
+
+  def add(self, step: int, metrics) -> None:
+    self.totals = accumulate(self.totals, metrics)
+    loss = float(self.totals['loss'][0])
     if not np.isfinite(loss):
       raise FloatingPointError(
-          f'Loss is {loss} at step {pending_step}; the last good checkpoint is step '
-          f'{last_good_step} in {workdir}. Lower optimizer.learning_rate or check the data.')
+          f'Loss is {loss} at step {step}; the last good checkpoint is step '
+          f'{self.last_good_step} in {self.run.workdir}. Lower optimizer.learning_rate or '
+          'check the data.')
 
+  def summary(self, step: int) -> tuple[dict[str, float], float]:
+    """The metrics since the last call, and training steps per second (pauses excluded)."""
+    now = time.time()
+    steps_per_sec = (step - self.last_step) / max(now - self.last_time - self.paused, 1e-9)
+    summary = self.run.objective.summarize(self.totals)
+    summary['learning_rate'] = float(self.run.schedule(step - 1))
+    summary['tokens_per_sec'] = (steps_per_sec * self.run.config.train.batch_size *
+                                 self.run.config.data.max_seq_length)
+    self.totals, self.last_step, self.last_time, self.paused = {}, step, now, 0.0
+    return summary, steps_per_sec
+
+
+def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> TrainState:
+  """Steps until train.num_steps (or a stop); logs, evaluates and checkpoints on the way."""
+  tc, state = run.config.train, run.state
+  step = int(state.step)
+  end = tc.num_steps if stop_after_steps is None else min(tc.num_steps, step + stop_after_steps)
+  if jax.process_index() == 0:
+    print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
+          f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
+          flush=True)
+  writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
+  progress, pending = Progress(run, step), None
   try:
-    with jax.set_mesh(mesh):
-      while step < run_end and not stop.any_host():
-        batch = sharding.global_batch(next(train_iter), mesh)
-        if step == last_step and pending is None:
-          compile_start = time.time()
-          state, metrics = train_step(state, batch)
-          jax.block_until_ready(metrics)
-          if jax.process_index() == 0:
-            print(f'First step (with compilation) took {time.time() - compile_start:.1f}s.',
-                  flush=True)
-          last_time = time.time()
-        else:
-          state, metrics = train_step(state, batch)
-        step += 1
-        if pending is not None:
-          finish(*pending)
-        pending = (step, metrics)
-
-        is_last = step == run_end
-        if step % tc.log_every == 0 or step % tc.checkpoint_every == 0 or is_last:
-          finish(*pending)
-          pending = None
-        if step % tc.log_every == 0 or is_last:
-          now = time.time()
-          steps_per_sec = (step - last_step) / max(now - last_time, 1e-9)
-          summary = objective.summarize(totals)
-          summary['learning_rate'] = float(schedule(step - 1))
-          summary['tokens_per_sec'] = steps_per_sec * tokens_per_step
-          writer.write(step, summary, steps_per_sec=steps_per_sec)
-          totals, last_time, last_step = {}, now, step
-        pause_start = time.time()  # checkpoints and evals do not count against tokens/s
-        if step % tc.checkpoint_every == 0 or is_last:
-          checkpoints.save(mngr, step, state, train_iter.get_state())
-          last_good_step = step
-        if step % tc.eval_every == 0 or step == tc.num_steps:
-          writer.write(step, evaluate(eval_step, state.params, config, tokenizer, mesh,
-                                      objective.summarize), prefix='eval_')
-        last_time += time.time() - pause_start
-      if step < run_end:  # stopped by SIGTERM
-        if pending is not None:
-          finish(*pending)
-        checkpoints.save(mngr, step, state, train_iter.get_state())
-        logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
+    while step < end and not stop.any_host():
+      first = pending is None and step == progress.last_step
+      start = time.time()
+      state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
+      if first:
+        jax.block_until_ready(metrics)
+        progress.paused += time.time() - start
+        if jax.process_index() == 0:
+          print(f'First step (with compilation) took {time.time() - start:.1f}s.', flush=True)
+      step += 1
+      # The previous step's metrics are read while this one runs; a non-finite
+      # loss is still caught at its own step, and before any checkpoint.
+      if pending is not None:
+        progress.add(*pending)
+      pending = (step, metrics)
+      if step % tc.log_every and step % tc.checkpoint_every and step != end:
+        continue
+      progress.add(*pending)
+      pending = None
+      if step % tc.log_every == 0 or step == end:
+        summary, steps_per_sec = progress.summary(step)
+        writer.write(step, summary, steps_per_sec=steps_per_sec)
+      pause = time.time()
+      if step % tc.checkpoint_every == 0 or step == end:
+        checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
+        progress.last_good_step = step
+      if step % tc.eval_every == 0 or step == tc.num_steps:
+        writer.write(step, evaluate(run.eval_step, state.params, run.config, run.tokenizer,
+                                    run.mesh, run.objective.summarize), prefix='eval_')
+      progress.paused += time.time() - pause
+    if step < end:  # stopped by SIGTERM
+      if pending is not None:
+        progress.add(*pending)
+      checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
+      logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
   finally:
-    mngr.wait_until_finished()
-    signal.signal(signal.SIGTERM, previous_handler)
+    run.mngr.wait_until_finished()
     writer.close()
   return state
+
+
+def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None
+                       ) -> TrainState:
+  """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption would."""
+  stop = StopRequested()
+  previous_handler = signal.signal(signal.SIGTERM, stop)
+  try:
+    with jax.set_mesh(sharding.make_mesh(config.mesh)):
+      return train_loop(setup(config, workdir), stop, stop_after_steps)
+  finally:
+    signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _bad_override(argv: list[str]) -> str | None:
+  """The first --config.<path> override whose path the config file does not have."""
+  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if config_arg is None:
+    return None
+  path, _, variant = config_arg.partition(':')
+  spec = importlib.util.spec_from_file_location('_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  node = module.get_config(variant) if variant else module.get_config()
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    field, here = arg[len('--config.'):].split('=', 1)[0], node
+    for key in field.split('.'):
+      if not hasattr(here, 'keys') or key not in here.keys():
+        return f'--config.{field}: the config has no field {key!r}; check the spelling in {path}.'
+      here = here[key]
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with one line instead of a traceback for a bad --config override."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    try:
+      reason = _bad_override(argv)
+    except Exception:  # pylint: disable=broad-except
+      reason = None
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    fallback = ' '.join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)
+    sys.exit(f'{os.path.basename(argv[0])}: error: {reason or fallback}')
 
 
 def main(argv):
@@ -369,4 +438,4 @@ def main(argv):
 
 if __name__ == '__main__':
   jax.config.config_with_absl()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,24 @@
+"""One host of a two-process CPU run, started by tests/test_multihost.py."""
+
+import os
+import sys
+
+import jax
+
+port, process_id, workdir, data_dir, files, stop_after = sys.argv[1:7]
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=2, process_id=int(process_id))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import test_train  # pylint: disable=g-import-not-at-top
+import train  # pylint: disable=g-import-not-at-top
+
+config = test_train.micro_config(data_dir, num_steps=4, checkpoint_every=2, log_every=1)
+config.data.update(source='files', files=files, docs_per_chunk=4, eval_holdout=10)
+state = train.train_and_evaluate(config, workdir,
+                                 stop_after_steps=int(stop_after) if int(stop_after) else None)
+checksum = sum(float(np.abs(np.asarray(x.addressable_data(0))).sum())
+               for x in jax.tree.leaves(state.params))
+print(f'RESULT process={process_id} step={int(state.step)} devices={jax.device_count()} '
+      f'checksum={checksum:.6f}', flush=True)

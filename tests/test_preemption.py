@@ -1,0 +1,47 @@
+"""SIGTERM (a preemption) saves a checkpoint before train.py exits; the same command resumes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command(tmp_path):
+  return [sys.executable, 'train.py', '--config=configs/bert_base.py:tiny',
+          f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={tmp_path / "data"}',
+          '--config.model.num_layers=1', '--config.train.num_steps=100000',
+          '--config.train.log_every=5', '--config.train.checkpoint_every=100000',
+          '--config.train.eval_every=100000']
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resumes(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.Popen(command(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  metrics = tmp_path / 'run' / 'metrics.jsonl'
+  deadline = time.time() + 240
+  while not (metrics.exists() and metrics.read_text().count('\n') >= 2):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  stdout, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert 'SIGTERM' in stderr
+  saved = [int(s) for s in os.listdir(tmp_path / 'run' / 'checkpoints') if s.isdigit()]
+  assert len(saved) == 1 and saved[0] >= 10, saved
+
+  proc = subprocess.Popen(command(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  line = ''
+  while f'Resuming from step {saved[0]}' not in line:
+    line = proc.stdout.readline()
+    assert line, proc.communicate()[1][-3000:]
+  proc.send_signal(signal.SIGTERM)
+  proc.communicate(timeout=120)
+  assert proc.returncode == 0
