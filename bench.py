@@ -14,6 +14,7 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,10 +23,6 @@ from ml_collections import config_flags
 import input_pipeline
 import sharding
 import train
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps.')
-_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 
 
 def matmul_peak_flops(sizes=(1024, 2048, 3072), repeats=5) -> float:
@@ -98,8 +95,13 @@ def benchmark(config, steps: int, warmup: int) -> dict:
 
 def main(argv):
   del argv
-  print(json.dumps(benchmark(_CONFIG.value, _STEPS.value, _WARMUP.value)))
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  print(json.dumps(benchmark(flags.FLAGS.config, flags.FLAGS.steps, flags.FLAGS.warmup)))
 
 
 if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+  flags.DEFINE_integer('steps', 10, 'Timed steps.')
+  flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
   app.run(main)

@@ -32,10 +32,6 @@ import input_pipeline
 import metric_writer
 import sharding
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
-
 
 @flax.struct.dataclass
 class TrainState:
@@ -426,10 +422,11 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-  if not _WORKDIR.value or _CONFIG.value is None:
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  if not workdir or config is None:
     sys.exit('train.py: error: pass --config=configs/<file>.py[:variant] and --workdir=DIR.')
   try:
-    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'train.py: error: {e}')
   except FloatingPointError as e:
@@ -437,5 +434,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
   jax.config.config_with_absl()
   app.run(main, flags_parser=parse_flags)

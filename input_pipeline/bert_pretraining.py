@@ -12,8 +12,8 @@ L = data.max_seq_length, P = data.max_predictions_per_seq):
   next_sentence_labels  int32   (B,)    0 = B is the actual next segment, 1 = B is random
 
 With data.next_sentence_prediction False an example is [CLS] A [SEP] with A up
-to L - 2 tokens, segment_ids are all 0 and next_sentence_labels are all 0 (the
-objective must ignore them).
+to L - 2 tokens, segment_ids are all 0 and batches carry no next_sentence_labels
+(so the objective trains MLM alone).
 
 Order and resume: the host's document stream is cut into chunks of
 data.docs_per_chunk documents. The examples of chunk c in epoch e are built,
@@ -334,7 +334,10 @@ class PretrainingIterator:
       pieces.append({k: v[self._offset:end] for k, v in self._examples.items()})
       self._offset += take
       needed -= take
-    return {k: np.concatenate([piece[k] for piece in pieces]) for k in pieces[0]}
+    batch = {k: np.concatenate([piece[k] for piece in pieces]) for k in pieces[0]}
+    if not self._cfg.next_sentence_prediction:
+      del batch['next_sentence_labels']  # objectives/mlm_nsp.py trains NSP iff they are present
+    return batch
 
   def _open_pass(self, skip: int) -> Iterator[list[str]]:
     """A fresh pass over the host's documents with the first `skip` consumed, untokenized."""

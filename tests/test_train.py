@@ -135,3 +135,12 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   with pytest.raises(FloatingPointError, match=r'at step \d+; the last good checkpoint is step 4'):
     train.train_and_evaluate(config, str(tmp_path))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+
+
+def test_mlm_only_variant_trains_without_nsp(data_dir, tmp_path):
+  config = micro_config(data_dir, num_steps=2, checkpoint_every=2)
+  config.data.next_sentence_prediction = False
+  train.train_and_evaluate(config, str(tmp_path))
+  logged = read_metrics(tmp_path)
+  assert logged and all(not any(k.startswith(('nsp', 'eval_nsp')) for k in m) for m in logged)
+  assert np.isfinite(logged[-1]['eval_mlm_loss'])
