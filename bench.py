@@ -76,11 +76,13 @@ def benchmark(config, steps: int, warmup: int) -> dict:
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
+  if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
+    peak *= jax.device_count()
   tokens = batch_size * config.data.max_seq_length
   return {
       'model': config.model_name, 'batch_size': batch_size,
       'seq_len': config.data.max_seq_length, 'devices': len(jax.devices()),
-      'mesh': dict(mesh.shape), 'dtype': config.model.dtype,
+      'mesh': dict(mesh.shape), 'dtype': model_cfg.dtype,
       'step_seconds': round(step_seconds, 5),
       'tokens_per_sec': round(tokens / step_seconds, 1),
       'model_flops_per_step': flops,

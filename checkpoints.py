@@ -9,11 +9,20 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 
+def _directory(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+
+
+def exist(workdir: str) -> bool:
+  """Whether the workdir holds a finished checkpoint (without creating anything)."""
+  directory = _directory(workdir)
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                          create=True)
-  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'),
-                               options=options, item_names=('state', 'data'))
+  return ocp.CheckpointManager(_directory(workdir), options=options, item_names=('state', 'data'))
 
 
 def _all_hosts(data_state: dict[str, int]) -> list[dict[str, int]]:

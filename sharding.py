@@ -5,6 +5,7 @@ config.logical_axis_rules maps them to the mesh axes (data, fsdp, tensor).
 """
 
 import math
+import os
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -33,6 +34,14 @@ def mesh_shape(mesh_cfg: Sequence[tuple[str, int]], num_devices: int) -> dict[st
     raise ValueError(f'config.mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices '
                      f'but {num_devices} are available: set one size to -1.')
   return dict(zip(names, sizes))
+
+
+def initialize_hosts(force: bool = False) -> None:
+  """Joins the other hosts of a TPU pod or multi-node job, before any device is touched."""
+  tpu_hosts = os.environ.get('TPU_WORKER_HOSTNAMES', '').count(',') + 1
+  slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
+  if force or tpu_hosts > 1 or slurm_tasks > 1:
+    jax.distributed.initialize()  # jax reads the cluster's addresses from its environment
 
 
 def make_mesh(mesh_cfg, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:

@@ -51,7 +51,10 @@ def model_config(config) -> Any:
   if unknown:
     raise ValueError(f'config.model has unknown fields {unknown}: remove them or use one of '
                      f'{sorted(fields)}.')
-  return module.Config(**config.model.to_dict())
+  fields = config.model.to_dict()
+  if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
+    fields['dtype'] = 'float32' if jax.default_backend() == 'cpu' else 'bfloat16'
+  return module.Config(**fields)
 
 
 def validate(config, mesh) -> None:
@@ -74,8 +77,12 @@ def validate(config, mesh) -> None:
   if config.optimizer.warmup_steps > tc.num_steps:
     raise ValueError(f'optimizer.warmup_steps={config.optimizer.warmup_steps} exceeds '
                      f'train.num_steps={tc.num_steps}: lower the warmup.')
-  if config.model.dtype not in ('float32', 'bfloat16', 'float16'):
-    raise ValueError(f'model.dtype={config.model.dtype!r}: use float32, bfloat16 or float16.')
+  if config.model.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+    raise ValueError(f'model.dtype={config.model.dtype!r}: use auto, float32, bfloat16 or float16.')
+  if dp % jax.process_count():
+    raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
+                     f'{jax.process_count()} hosts, so hosts would share batch shards: '
+                     'give data or fsdp more devices in config.mesh.')
 
 
 # ----------------------------------------------------------------------------
@@ -83,10 +90,13 @@ def validate(config, mesh) -> None:
 # ----------------------------------------------------------------------------
 
 def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  warmup = optax.linear_schedule(0.0, opt_cfg.learning_rate, opt_cfg.warmup_steps)
-  decay = optax.linear_schedule(opt_cfg.learning_rate, 0.0,
-                                max(num_steps - opt_cfg.warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [opt_cfg.warmup_steps])
+  """BERT's run_pretraining: lr * (1 - step / num_steps), overridden by a linear warmup."""
+  lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
+
+  def schedule(step):
+    decayed = lr * (1.0 - jnp.minimum(step, num_steps) / num_steps)
+    return jnp.where(step < warmup, lr * step / max(warmup, 1), decayed)
+  return schedule
 
 
 def decay_mask(params: Any) -> Any:
@@ -219,9 +229,12 @@ class StopRequested:
     del signum, frame
     self.flag = True
 
-  def any_host(self) -> bool:
+  def requested(self, step: int, every: int) -> bool:
+    """Whether any host got SIGTERM; hosts agree every `every` steps (a collective)."""
     if jax.process_count() == 1:
       return self.flag
+    if step % every:
+      return False
     return bool(np.asarray(multihost_utils.process_allgather(np.array(self.flag))).any())
 
 
@@ -230,7 +243,7 @@ def write_workdir_files(config, workdir: str, tokenizer) -> None:
     return
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
-  if getattr(tokenizer, 'vocab_file', None):
+  if os.path.abspath(tokenizer.vocab_file) != os.path.abspath(os.path.join(workdir, 'vocab.txt')):
     shutil.copyfile(tokenizer.vocab_file, os.path.join(workdir, 'vocab.txt'))
 
 
@@ -257,8 +270,12 @@ def setup(config, workdir: str) -> Run:
   validate(config, mesh)
   os.makedirs(workdir, exist_ok=True)
 
-  # Data.
-  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+  # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now.
+  saved_vocab = os.path.join(workdir, 'vocab.txt')
+  if checkpoints.exist(workdir) and os.path.exists(saved_vocab):
+    tokenizer = input_pipeline.tokenizer.WordPieceTokenizer(saved_vocab, config.data.lower_case)
+  else:
+    tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='
                      f'{config.model.vocab_size}: set --config.model.vocab_size='
@@ -298,10 +315,11 @@ class Progress:
 
   def add(self, step: int, metrics) -> None:
     self.totals = accumulate(self.totals, metrics)
-    loss = float(self.totals['loss'][0])
-    if not np.isfinite(loss):
+    # A finite loss with a non-finite gradient already spoils this step's parameters.
+    loss, grad_norm = float(self.totals['loss'][0]), float(self.totals['grad_norm'][0])
+    if not np.isfinite(loss + grad_norm):
       raise FloatingPointError(
-          f'Loss is {loss} at step {step}; the last good checkpoint is step '
+          f'Loss is {loss} and gradient norm {grad_norm} at step {step}; the last good checkpoint is step '
           f'{self.last_good_step} in {self.run.workdir}. Lower optimizer.learning_rate or '
           'check the data.')
 
@@ -327,10 +345,10 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
           f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
           flush=True)
   writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
-  progress, pending = Progress(run, step), None
+  progress, pending, start_step = Progress(run, step), None, step
   try:
-    while step < end and not stop.any_host():
-      first = pending is None and step == progress.last_step
+    while step < end and not stop.requested(step, tc.log_every):
+      first = step == start_step
       start = time.time()
       state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
       if first:
@@ -344,7 +362,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       if pending is not None:
         progress.add(*pending)
       pending = (step, metrics)
-      if step % tc.log_every and step % tc.checkpoint_every and step != end:
+      if step % tc.log_every and step % tc.checkpoint_every and step % tc.eval_every and step != end:
         continue
       progress.add(*pending)
       pending = None
@@ -422,6 +440,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  sharding.initialize_hosts(flags.FLAGS.multihost)
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   if not workdir or config is None:
     sys.exit('train.py: error: pass --config=configs/<file>.py[:variant] and --workdir=DIR.')
@@ -436,5 +455,7 @@ def main(argv):
 if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
+  flags.DEFINE_bool('multihost', False, 'Call jax.distributed.initialize() (TPU pods and '
+                    'SLURM jobs are detected without it).')
   jax.config.config_with_absl()
   app.run(main, flags_parser=parse_flags)

@@ -9,20 +9,23 @@ Every field can be overridden, e.g. `--config.optimizer.learning_rate=5e-5`.
 
 import ml_collections
 
-# name: (layers, hidden, heads, mlp, vocab, seq_len, max_predictions, batch, steps, warmup, lr)
+# Sizes and schedules per variant (Devlin et al. 2018, sec. 3 and appendix A.2).
 VARIANTS = {
-    'tiny': (2, 128, 2, 512, 4096, 128, 20, 32, 600, 60, 1e-3),
-    'mini': (4, 256, 4, 1024, 30522, 128, 20, 32, 100_000, 10_000, 1e-4),
-    'base': (12, 768, 12, 3072, 30522, 128, 20, 256, 1_000_000, 10_000, 1e-4),
-    'large': (24, 1024, 16, 4096, 30522, 128, 20, 256, 1_000_000, 10_000, 1e-4),
+    'tiny': dict(num_layers=2, hidden_size=128, num_heads=2, mlp_dim=512, vocab_size=4096,
+                 batch_size=32, num_steps=600, warmup_steps=60, learning_rate=1e-3),
+    'mini': dict(num_layers=4, hidden_size=256, num_heads=4, mlp_dim=1024, vocab_size=30522,
+                 batch_size=32, num_steps=100_000, warmup_steps=10_000, learning_rate=1e-4),
+    'base': dict(num_layers=12, hidden_size=768, num_heads=12, mlp_dim=3072, vocab_size=30522,
+                 batch_size=256, num_steps=1_000_000, warmup_steps=10_000, learning_rate=1e-4),
+    'large': dict(num_layers=24, hidden_size=1024, num_heads=16, mlp_dim=4096, vocab_size=30522,
+                  batch_size=256, num_steps=1_000_000, warmup_steps=10_000, learning_rate=1e-4),
 }
 
 
 def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   if arg not in VARIANTS:
     raise ValueError(f'Unknown variant {arg!r}: use one of {", ".join(VARIANTS)}.')
-  (layers, hidden, heads, mlp, vocab, seq_len, max_preds, batch, steps,
-   warmup, lr) = VARIANTS[arg]
+  v = VARIANTS[arg]
 
   config = ml_collections.ConfigDict()
   config.model_name = 'bert'
@@ -30,18 +33,18 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.seed = 0
 
   config.model = ml_collections.ConfigDict()
-  config.model.vocab_size = vocab
-  config.model.hidden_size = hidden
-  config.model.num_layers = layers
-  config.model.num_heads = heads
-  config.model.mlp_dim = mlp
+  config.model.vocab_size = v['vocab_size']
+  config.model.hidden_size = v['hidden_size']
+  config.model.num_layers = v['num_layers']
+  config.model.num_heads = v['num_heads']
+  config.model.mlp_dim = v['mlp_dim']
   config.model.max_position_embeddings = 512
   config.model.type_vocab_size = 2
   config.model.dropout_rate = 0.1
   config.model.attention_dropout_rate = 0.1
   config.model.initializer_range = 0.02
   config.model.layer_norm_eps = 1e-12
-  config.model.dtype = 'float32'  # compute dtype; 'bfloat16' on TPU/GPU
+  config.model.dtype = 'auto'  # compute dtype: auto = float32 on CPU, bfloat16 on TPU/GPU
   config.model.scan_layers = False  # halves compile time at 24 layers, slower steps on CPU
   config.model.remat = False
 
@@ -58,8 +61,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
   config.data.vocab_file = ''  # empty learns a WordPiece vocabulary of model.vocab_size from the training text
   config.data.lower_case = True
-  config.data.max_seq_length = seq_len
-  config.data.max_predictions_per_seq = max_preds
+  config.data.max_seq_length = 128  # the paper's first 90% of steps
+  config.data.max_predictions_per_seq = 20
   config.data.masked_lm_prob = 0.15
   config.data.mask_token_prob = 0.8  # of the chosen tokens: 80% [MASK], then half random, half kept
   config.data.random_token_prob = 0.1
@@ -69,8 +72,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.data.docs_per_chunk = 2000  # instances are built and shuffled within chunks of documents
 
   config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.learning_rate = lr
-  config.optimizer.warmup_steps = warmup
+  config.optimizer.learning_rate = v['learning_rate']
+  config.optimizer.warmup_steps = v['warmup_steps']
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.999
   config.optimizer.eps = 1e-6
@@ -78,8 +81,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = 1.0
 
   config.train = ml_collections.ConfigDict()
-  config.train.batch_size = batch  # global, across all hosts and devices
-  config.train.num_steps = steps
+  config.train.batch_size = v['batch_size']  # global, across all hosts and devices
+  config.train.num_steps = v['num_steps']
   config.train.grad_accum_steps = 1
   config.train.log_every = 20 if arg == 'tiny' else 100
   config.train.eval_every = 200 if arg == 'tiny' else 10_000

@@ -95,17 +95,20 @@ def _document_instances(spans: Spans, index: int, rng: np.random.Generator, max_
       instances.append((starts[first], ends[last], 0, 0, 0))
       first = last + 1
       continue
-    # Deviation: the coin comes first, and IsNext splits a lone sentence, so
-    # corpora of short documents still give 50% IsNext (the reference forces
-    # a random next for one-sentence chunks).
-    one_token = num_sentences == 1 and ends[first] - starts[first] < 2
-    is_random = rng.random() < 0.5 or one_token
-    if not is_random:
+    # The coin comes first. A one-sentence chunk drawn IsNext takes the next
+    # sentence as B, or, at the end of the document, the previous one as A
+    # (which then serves twice). A and B thus always end and start at sentence
+    # boundaries, so only their content tells IsNext from random, and labels
+    # stay at 50% (the reference forces random-next for one-sentence chunks).
+    if rng.random() >= 0.5:
+      a_first = first
       if num_sentences == 1:
-        cut = int(rng.integers(starts[first] + 1, ends[first]))
-      else:
-        cut = starts[first + int(rng.integers(1, num_sentences))]
-      instances.append((starts[first], cut, cut, ends[last], 0))
+        if last + 1 < len(starts):
+          last += 1
+        else:
+          a_first -= 1
+      cut = starts[a_first + int(rng.integers(1, last - a_first + 1))]
+      instances.append((starts[a_first], cut, cut, ends[last], 0))
       first = last + 1
     else:
       a_sentences = int(rng.integers(1, num_sentences)) if num_sentences > 1 else 1
@@ -138,7 +141,11 @@ def create_instances(spans: Spans, rng: np.random.Generator, *, max_seq_length: 
   """Segment pairs (N, 5): a_start, a_end, b_start, b_end into the flat tokens, label (sec. 3.1)."""
   # [CLS] A [SEP] B [SEP] has 3 special tokens, [CLS] A [SEP] two.
   max_num_tokens = max_seq_length - (3 if next_sentence_prediction else 2)
-  instances = [instance for index in range(len(spans))
+  # With NSP, a one-sentence document has no next sentence to pair: it only
+  # serves as the random B of other documents, and NSP labels stay at 50%.
+  sources = [i for i, (starts, _) in enumerate(spans)
+             if len(starts) > 1 or not next_sentence_prediction]
+  instances = [instance for index in sources
                for instance in _document_instances(spans, index, rng, max_num_tokens,
                                                    short_seq_prob, next_sentence_prediction)]
   instances = np.array(instances, np.int64).reshape(-1, 5)

@@ -159,7 +159,7 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
   dataset = builder.as_dataset(split=host_splits[process_index],
                                shuffle_files=False)
   dataset = dataset.map(lambda example: example[feature])
-  docs = (_text_document(text.decode('utf-8')) for text in tfds.as_numpy(dataset))
+  docs = _decoded_documents(tfds.as_numpy(dataset), f'{data_cfg.tfds_name}:{tfds_split}')
   if not data_cfg.tfds_eval_split:
     # The holdout index counts from the start of the whole split, so the eval
     # documents do not depend on the number of hosts.
@@ -167,6 +167,18 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
                 for s in host_splits[:process_index])
     docs = _hold_out(docs, split, data_cfg.eval_holdout, start)
   return (doc for doc in docs if doc)
+
+
+def _decoded_documents(texts: Iterable[bytes], name: str) -> Iterator[Document]:
+  """UTF-8 documents; undecodable ones are skipped and counted at the end of the pass."""
+  skipped = 0
+  for text in texts:
+    try:
+      yield _text_document(text.decode('utf-8'))
+    except UnicodeDecodeError:
+      skipped += 1
+  if skipped:
+    logging.warning('Skipped %d documents of %s that are not valid UTF-8.', skipped, name)
 
 
 def _text_document(text: str) -> Document:

@@ -72,9 +72,6 @@ class Embed(nn.Module):
         (self.num_embeddings, self.features), jnp.float32)
 
   def __call__(self, ids: Array) -> Array:
-    # The lookup reads a table gathered over `vocab`: XLA's SPMD partitioner
-    # (jax 0.10.2) miscomputes the gradient of a gather from a table sharded
-    # on both axes when the batch is sharded over two more mesh axes.
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
   def attend(self, x_BPD: Array) -> Array:

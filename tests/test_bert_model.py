@@ -28,17 +28,19 @@ def _expected_count(V, D, layers_, F, positions=512, types=2):
   return embeddings + layers_ * block + pooler + heads
 
 
-@pytest.mark.parametrize('name,kwargs,paper', [
-    ('base', {}, 110e6),
-    ('large', dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096), 340e6),
+@pytest.mark.parametrize('name,kwargs,paper,reference', [
+    ('base', {}, 110e6, 110_106_428),
+    ('large', dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096), 340e6,
+     336_226_108),
 ])
-def test_parameter_count_matches_paper(name, kwargs, paper):
+def test_parameter_count_matches_paper(name, kwargs, paper, reference):
   # Devlin et al. 2018, sec. 3: BERT-BASE 110M, BERT-LARGE 340M parameters.
   cfg = bert.Config(**kwargs)
   shapes = jax.eval_shape(lambda: bert.Model(cfg).init(jax.random.key(0), _batch(1, 8, 2)))
   count = layers.count_params(nn.meta.unbox(shapes['params']))
   print(f'BERT-{name}: {count:,} parameters')
   assert count == _expected_count(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.mlp_dim)
+  assert count == reference  # HF BertForPreTraining, with its tied output layer
   assert abs(count - paper) / paper < 0.015
 
 
@@ -83,20 +85,21 @@ def test_padding_does_not_change_real_positions():
 
 
 def test_fused_attention_equals_explicit_path():
-  attention = layers.MultiHeadAttention(num_heads=4, head_dim=8, dropout_rate=0.0)
+  # Training with attention dropout takes the explicit path; eval the fused one.
+  attention = layers.MultiHeadAttention(num_heads=4, head_dim=8, dropout_rate=1e-9)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(2, 6, 32)), jnp.float32)
   mask = layers.padding_mask(jnp.asarray([[1] * 6, [1] * 4 + [0] * 2]))
   variables = attention.init(jax.random.key(0), x, x, mask, deterministic=True)
   fused = attention.apply(variables, x, x, mask, deterministic=True)
-  q = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
-  k = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
-  v = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
-  explicit = attention.apply(variables, q, k, v, mask, rngs={'dropout': jax.random.key(1)},
-                             method=lambda m, *a: m._attend_with_dropout(*a))
-  reference = jax.nn.dot_product_attention(q, k, v, mask=mask)
-  np.testing.assert_allclose(explicit, reference, atol=1e-5)
-  assert fused.shape == x.shape
+  explicit = attention.apply(variables, x, x, mask, deterministic=False,
+                             rngs={'dropout': jax.random.key(1)})
+  np.testing.assert_allclose(explicit, fused, atol=1e-5)
+  # Padded keys get no weight: changing them changes nothing.
+  x_changed = x.at[1, 4:].set(7.0)
+  np.testing.assert_allclose(
+      attention.apply(variables, x_changed, x_changed, mask, deterministic=True)[1, :4],
+      fused[1, :4], atol=1e-5)
 
 
 def test_scanned_layers_equal_unrolled_layers():
@@ -121,3 +124,15 @@ def test_invalid_config_is_refused():
     model = bert.Model(_tiny())
     batch = _batch(1, 40, 2)
     model.init(jax.random.key(0), batch)
+
+
+def test_dtype_policy_float32_params_bfloat16_compute_float32_logits():
+  model = bert.Model(_tiny(dtype='bfloat16'))
+  batch = _batch()
+  variables = model.init(jax.random.key(0), batch)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.meta.unbox(variables)))
+  out = model.apply(variables, batch)
+  assert out['hidden_states'][-1].dtype == jnp.bfloat16
+  assert out['mlm_logits'].dtype == jnp.float32 and out['nsp_logits'].dtype == jnp.float32
+  reference = bert.Model(_tiny()).apply(variables, batch)
+  np.testing.assert_allclose(out['mlm_logits'], reference['mlm_logits'], atol=0.1)

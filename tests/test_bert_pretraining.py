@@ -239,10 +239,23 @@ def test_instances_tile_documents_and_draw_random_next_from_others():
   assert (a_end > a_start).all() and (b_end > b_start).all()
   is_next, is_random = label == 0, label == 1
   np.testing.assert_array_equal(a_end[is_next], b_start[is_next])
-  own = np.sort(np.concatenate([np.stack([a_start, a_end], 1),
-                                np.stack([b_start, b_end], 1)[is_next]]), axis=0)
-  np.testing.assert_array_equal(own[1:, 0], own[:-1, 1])  # no gap, no overlap, in order
-  assert own[0, 0] == 0 and own[-1, 1] == len(flat)
+  # Every segment starts and ends at sentence boundaries, so no surface cue gives the label away.
+  sentence_starts = np.concatenate([starts for starts, _ in spans])
+  sentence_ends = np.concatenate([ends for _, ends in spans])
+  assert np.isin(np.concatenate([a_start, b_start]), sentence_starts).all()
+  assert np.isin(np.concatenate([a_end, b_end]), sentence_ends).all()
+  # A and IsNext B cover every sentence of the documents that have a next
+  # sentence; one-sentence documents are never A.
+  covered = np.zeros(len(flat), bool)
+  for lo, hi in np.concatenate([np.stack([a_start, a_end], 1),
+                                np.stack([b_start, b_end], 1)[is_next]]):
+    covered[lo:hi] = True
+  multi = np.zeros(len(flat), bool)
+  for starts, ends in spans:
+    multi[starts[0]:ends[-1]] = len(starts) > 1
+  np.testing.assert_array_equal(covered, multi)
+  assert not multi.all()  # the data has one-sentence documents...
+  assert multi[a_start].all()  # ...and none of them is ever A
   assert (document_of(b_start[is_random]) != document_of(a_start[is_random])).all()
   assert np.isin(b_start[is_random], np.concatenate([starts for starts, _ in spans])).all()
   assert np.isin(b_end[is_random], np.concatenate([ends for _, ends in spans])).all()

@@ -194,3 +194,11 @@ def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
   data_cfg.vocab_file = str(tmp_path / 'missing.txt')
   with pytest.raises(ValueError, match='data.vocab_file=.*does not exist'):
     sources.get_tokenizer(data_cfg, 200)
+
+
+def test_undecodable_tfds_documents_are_skipped_and_counted(caplog):
+  texts = ['First doc. Second sentence.'.encode(), b'\xff\xfe broken', 'Third doc.'.encode()]
+  with caplog.at_level('WARNING'):
+    docs = list(sources._decoded_documents(texts, 'fake:train'))
+  assert docs == [['First doc.', 'Second sentence.'], ['Third doc.']]
+  assert 'Skipped 1 documents of fake:train' in caplog.text
