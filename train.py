@@ -344,6 +344,9 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
     print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
           f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
           flush=True)
+  if step >= tc.num_steps and jax.process_index() == 0:
+    print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
+          'train further.', flush=True)
   writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
   progress, pending, start_step = Progress(run, step), None, step
   try:
