@@ -46,11 +46,11 @@ class TrainState:
 
 def model_config(config) -> Any:
   module = importlib.import_module(f'models.{config.model_name}')
-  fields = {f.name for f in module.Config.__dataclass_fields__.values()}
-  unknown = sorted(set(config.model.keys()) - fields)
+  known = {f.name for f in dataclasses.fields(module.Config)}
+  unknown = sorted(set(config.model.keys()) - known)
   if unknown:
     raise ValueError(f'config.model has unknown fields {unknown}: remove them or use one of '
-                     f'{sorted(fields)}.')
+                     f'{sorted(known)}.')
   fields = config.model.to_dict()
   if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
     fields['dtype'] = 'float32' if jax.default_backend() == 'cpu' else 'bfloat16'
@@ -74,6 +74,9 @@ def validate(config, mesh) -> None:
   if tc.batch_size % jax.process_count():
     raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the '
                      f'{jax.process_count()} hosts: use a multiple of {jax.process_count()}.')
+  if tc.num_steps < 1 or min(tc.log_every, tc.eval_every, tc.checkpoint_every) < 1:
+    raise ValueError('train.num_steps, log_every, eval_every and checkpoint_every must be '
+                     'positive: set them to 1 or more.')
   if config.optimizer.warmup_steps > tc.num_steps:
     raise ValueError(f'optimizer.warmup_steps={config.optimizer.warmup_steps} exceeds '
                      f'train.num_steps={tc.num_steps}: lower the warmup.')
