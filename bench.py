@@ -4,7 +4,8 @@
 
 Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
 model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
-matmul peak (measured here, first), compile seconds and peak memory.
+matmul peak (measured here, first), compile seconds, peak memory, and the
+input pipeline's examples/s on the configured source.
 """
 
 import importlib
@@ -44,6 +45,21 @@ def peak_memory_bytes() -> int:
   if 'peak_bytes_in_use' in stats:
     return int(stats['peak_bytes_in_use'])
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # CPU: process peak RSS
+
+
+def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
+  """Host-side pipeline speed on the configured source over whole chunks (reading,
+  tokenizing, pairing, masking), without prefetching."""
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+  data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tokenizer,
+                                    batch_size=config.train.batch_size, seed=0, prefetch=0)
+  examples, start = 0, time.perf_counter()
+  while data.get_state()['chunk'] < 2 and data.get_state()['epoch'] == 0:
+    next(data)
+    examples += config.train.batch_size
+    if time.perf_counter() - start > max_seconds:
+      break
+  return examples / (time.perf_counter() - start)
 
 
 def benchmark(config, steps: int, warmup: int) -> dict:
@@ -92,6 +108,7 @@ def benchmark(config, steps: int, warmup: int) -> dict:
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
       'final_loss': float(jax.device_get(metrics['loss'])[0]),
+      'input_examples_per_sec': round(input_examples_per_sec(config), 1),
   }
 
 

@@ -5,7 +5,6 @@ import gc
 import importlib.util
 import json
 import pathlib
-import time
 
 import numpy as np
 import pytest
@@ -457,14 +456,3 @@ def test_synthetic_batch_follows_the_spec():
     assert_valid_batch(batch, 64, length, predictions)
     assert (batch['input_ids'] < 300).all()
   assert (batch['input_mask'] == 0).any() and (batch['masked_lm_weights'] == 0).any()
-
-
-def test_throughput():
-  """Printed, not asserted: examples/s of length 128 on this machine (goal >= 2,000)."""
-  documents = make_documents(2000, seed=5)
-  for whole_word in (False, True):
-    iterator = make_iterator(data_config(whole_word_masking=whole_word), documents, batch_size=256)
-    start = time.perf_counter()
-    num = sum(len(b['input_ids']) for b in take(iterator, 40))
-    print(f'\nbert_pretraining whole_word_masking={whole_word}: '
-          f'{num / (time.perf_counter() - start):,.0f} examples/s (fake tokenizer)')
