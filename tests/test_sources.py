@@ -160,6 +160,29 @@ def test_tfds_holdout_index_counts_from_the_start_of_the_split(tmp_path, monkeyp
   assert [d[0] for d in host1_eval] == [texts[1], texts[3]]
 
 
+
+def test_tfds_hosts_read_disjoint_slices(tmp_path, monkeypatch):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
+                      property(lambda self: _FiveExamplesPerSlice()))
+  data_cfg = _tfds_cfg(tmp_path, eval_holdout=3)
+  seen = []
+  with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
+    mocked = tfds.core.DatasetBuilder.as_dataset
+
+    def spy(self, *args, split=None, **kwargs):
+      seen.append(str(split))
+      return mocked(self, *args, split=split, **kwargs)
+    tfds.core.DatasetBuilder.as_dataset = spy
+    try:
+      for host in range(2):
+        sources.documents(data_cfg, 'train', host, 2)
+    finally:
+      tfds.core.DatasetBuilder.as_dataset = mocked
+  assert seen == [str(s) for s in tfds.even_splits('train', n=2)]
+  assert seen[0] != seen[1]
+
+
 # The embedded corpus and vocabularies.
 
 
