@@ -68,16 +68,10 @@ def benchmark(config, steps: int, warmup: int) -> dict:
   train.validate(config, mesh)
   model_module = importlib.import_module(f'models.{config.model_name}')
   model_cfg = train.model_config(config)
-  model = model_module.Model(model_cfg)
-  objective = importlib.import_module(f'objectives.{config.objective}')
-  tx = train.make_optimizer(config.optimizer,
-                            train.learning_rate_schedule(config.optimizer, config.train.num_steps))
+  _, _, state, step_fn, _ = train.build(config, mesh)
   batch_size = config.train.batch_size
   local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
                                        batch_size=batch_size // jax.process_count())
-  state, shardings = train.create_state(model, tx, local, config.seed, mesh,
-                                        config.logical_axis_rules)
-  step_fn = train.make_train_step(model, objective.loss_fn, tx, config, mesh, shardings)
   with jax.set_mesh(mesh):
     batch = sharding.global_batch(local, mesh)
     start = time.perf_counter()

@@ -266,10 +266,23 @@ class Run:
   mngr: Any
 
 
-def setup(config, workdir: str) -> Run:
+def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Callable]:
+  """Objective, schedule, freshly initialized sharded state, and the jitted train/eval steps."""
+  model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
+  objective = importlib.import_module(f'objectives.{config.objective}')
+  schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
+  tx = make_optimizer(config.optimizer, schedule)
+  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
+  state, state_shardings = create_state(model, tx, example, config.seed, mesh,
+                                        config.logical_axis_rules)
+  return (objective, schedule, state,
+          make_train_step(model, objective.loss_fn, tx, config, mesh, state_shardings),
+          make_eval_step(model, objective.loss_fn, config, mesh, state_shardings))
+
+
+def setup(config, workdir: str, mesh) -> Run:
   """Checks, data, model and state (restored if the workdir has a checkpoint)."""
-  # Mesh and checks, before any data is read or anything compiled.
-  mesh = sharding.make_mesh(config.mesh)
+  # Checks, before any data is read or anything compiled.
   validate(config, mesh)
   os.makedirs(workdir, exist_ok=True)
 
@@ -288,14 +301,8 @@ def setup(config, workdir: str) -> Run:
       batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
 
-  # Model, objective, optimizer, state.
-  model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
-  objective = importlib.import_module(f'objectives.{config.objective}')
-  schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
-  tx = make_optimizer(config.optimizer, schedule)
-  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
-  state, state_shardings = create_state(model, tx, example, config.seed, mesh,
-                                        config.logical_axis_rules)
+  # Model and state, restored with the data position when the workdir has a checkpoint.
+  objective, schedule, state, train_step, eval_step = build(config, mesh)
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   if mngr.latest_step() is not None:
     state, data_state = checkpoints.restore(mngr, state)
@@ -304,8 +311,7 @@ def setup(config, workdir: str) -> Run:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   write_workdir_files(config, workdir, tokenizer)
   return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
-             make_train_step(model, objective.loss_fn, tx, config, mesh, state_shardings),
-             make_eval_step(model, objective.loss_fn, config, mesh, state_shardings), mngr)
+             train_step, eval_step, mngr)
 
 
 class Progress:
@@ -400,8 +406,9 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
   stop = StopRequested()
   previous_handler = signal.signal(signal.SIGTERM, stop)
   try:
-    with jax.set_mesh(sharding.make_mesh(config.mesh)):
-      return train_loop(setup(config, workdir), stop, stop_after_steps)
+    mesh = sharding.make_mesh(config.mesh)
+    with jax.set_mesh(mesh):
+      return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
   finally:
     signal.signal(signal.SIGTERM, previous_handler)
 
