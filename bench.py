@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
+import cli
 import input_pipeline
 import sharding
 import train
@@ -117,4 +118,4 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   flags.DEFINE_integer('steps', 10, 'Timed steps.')
   flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,42 @@
+"""Command-line helpers shared by the entry points (train.py, bench.py)."""
+
+import importlib.util
+import os
+import sys
+
+from absl import flags
+
+
+def _bad_override(argv: list[str]) -> str | None:
+  """The first --config.<path> override whose path the config file does not have."""
+  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if config_arg is None:
+    return None
+  path, _, variant = config_arg.partition(':')
+  spec = importlib.util.spec_from_file_location('_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  node = module.get_config(variant) if variant else module.get_config()
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    field, here = arg[len('--config.'):].split('=', 1)[0], node
+    for key in field.split('.'):
+      if not hasattr(here, 'keys') or key not in here.keys():
+        return f'--config.{field}: the config has no field {key!r}; check the spelling in {path}.'
+      here = here[key]
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with one line instead of a traceback for a bad --config override."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    try:
+      reason = _bad_override(argv)
+    except Exception:  # pylint: disable=broad-except
+      reason = None
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    fallback = ' '.join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)
+    sys.exit(f'{os.path.basename(argv[0])}: error: {reason or fallback}')
