@@ -72,13 +72,9 @@ def test_tiny_learns_on_embedded_corpus(data_dir, tmp_path):
 
 def _three_steps(config, devices):
   mesh = sharding.make_mesh(config.mesh, devices)
-  model = bert.Model(train.model_config(config))
-  tx = train.make_optimizer(config.optimizer,
-                            train.learning_rate_schedule(config.optimizer, config.train.num_steps))
+  _, _, state, step, _ = train.build(config, mesh)
   local = input_pipeline.example_batch(config.data, config.model.vocab_size,
                                        batch_size=config.train.batch_size)
-  state, shardings = train.create_state(model, tx, local, 0, mesh, config.logical_axis_rules)
-  step = train.make_train_step(model, mlm_nsp.loss_fn, tx, config, mesh, shardings)
   losses, grad_norms = [], []
   with jax.set_mesh(mesh):
     batch = sharding.global_batch(local, mesh)
