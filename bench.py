@@ -50,12 +50,12 @@ def peak_memory_bytes() -> int:
 
 def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
   """Host-side pipeline speed on the configured source over whole chunks (reading,
-  tokenizing, pairing, masking), without prefetching."""
+  tokenizing, packing or pairing and masking), without prefetching; at most `max_seconds`."""
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
   data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tokenizer,
                                     batch_size=config.train.batch_size, seed=0, prefetch=0)
   examples, start = 0, time.perf_counter()
-  while data.get_state()['chunk'] < 2 and data.get_state()['epoch'] == 0:
+  while data.get_state().get('chunk', 0) < 2 and data.get_state()['epoch'] == 0:
     next(data)
     examples += config.train.batch_size
     if time.perf_counter() - start > max_seconds:
@@ -89,7 +89,7 @@ def benchmark(config, steps: int, warmup: int) -> dict:
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
     peak *= jax.device_count()
-  tokens = batch_size * config.data.max_seq_length
+  tokens = batch_size * config.data.max_seq_length * config.data.get('num_choices', 1)
   return {
       'model': config.model_name, 'batch_size': batch_size,
       'seq_len': config.data.max_seq_length, 'devices': len(jax.devices()),

@@ -53,3 +53,50 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any) -> tuple[Any, dict
     raise ValueError(f'The checkpoint was written by {len(hosts)} hosts and this run has '
                      f'{jax.process_count()}: resume with the same number of hosts.')
   return restored['state'], hosts[jax.process_index()]
+
+
+def _path_name(path) -> str:
+  return '/'.join(str(getattr(k, 'key', k)) for k in path)
+
+
+def restore_params(workdir: str, target_params: Any) -> tuple[Any, list[str], list[str]]:
+  """`target_params` with every array that the latest checkpoint of `workdir` also has replaced.
+
+  The arrays are read straight onto the target's shardings. Returns the
+  params, the names only the target has (new heads) and the names only the
+  checkpoint has (unused pretraining heads).
+  """
+  directory = _directory(workdir)
+  steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if exist(workdir) else []
+  if not steps:
+    raise ValueError(f'{workdir} has no checkpoint: point config.init_from (or --workdir) at the '
+                     'workdir of a finished run.')
+  item = os.path.join(directory, str(steps[-1]), 'state')
+  saved = ocp.StandardCheckpointer().metadata(item).item_metadata.tree['params']
+  saved_shapes = {_path_name(p): tuple(m.shape)
+                  for p, m in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  target, treedef = jax.tree_util.tree_flatten_with_path(target_params)
+  names = [_path_name(p) for p, _ in target]
+  for name, (_, array) in zip(names, target):
+    if name in saved_shapes and saved_shapes[name] != tuple(array.shape):
+      raise ValueError(f'Parameter {name} has shape {saved_shapes[name]} in {workdir} but '
+                       f'{tuple(array.shape)} here: make config.model match {workdir}/config.json.')
+  shared = [(path, array) for name, (path, array) in zip(names, target) if name in saved_shapes]
+  if not shared:
+    raise ValueError(f'{workdir} shares no parameter with this model: config.init_from must be a '
+                     f'run of the same architecture (config.model_name).')
+  # A nested-dict target of only the shared arrays: orbax reads just those.
+  partial = {}
+  for path, array in shared:
+    node = partial
+    for key in path[:-1]:
+      node = node.setdefault(key.key, {})
+    node[path[-1].key] = jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=array.sharding)
+  restored = ocp.PyTreeCheckpointer().restore(item, args=ocp.args.PyTreeRestore(
+      item={'params': partial}, restore_args=ocp.checkpoint_utils.construct_restore_args(
+          {'params': partial}), partial_restore=True))['params']
+  loaded = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
+  leaves = [loaded.get(name, array) for name, (_, array) in zip(names, target)]
+  new = [name for name in names if name not in saved_shapes]
+  unused = sorted(set(saved_shapes) - set(names))
+  return jax.tree_util.tree_unflatten(treedef, leaves), new, unused

@@ -6,7 +6,9 @@ Running the same command on the same workdir resumes from its last checkpoint.
 """
 
 import dataclasses
+import functools
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -82,22 +84,60 @@ def validate(config, mesh) -> None:
                      f'train.num_steps={tc.num_steps}: lower the warmup.')
   if config.model.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     raise ValueError(f'model.dtype={config.model.dtype!r}: use auto, float32, bfloat16 or float16.')
+  if tc.eval_steps < 0:
+    raise ValueError(f'train.eval_steps={tc.eval_steps}: use 0 for one pass of the eval split '
+                     'or the number of eval batches.')
+  if config.optimizer.get('schedule', 'linear') not in ('linear', 'cosine'):
+    raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use linear or cosine.')
+  if config.get('init_from'):
+    check_init_from(config)
   if dp % jax.process_count():
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
                      f'{jax.process_count()} hosts, so hosts would share batch shards: '
                      'give data or fsdp more devices in config.mesh.')
 
 
+# Fields of config.model that change parameter shapes or names.
+_SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
+                 'max_position_embeddings', 'type_vocab_size', 'scan_layers')
+
+
+def check_init_from(config) -> None:
+  """config.init_from names a finished run whose model this config can start from."""
+  saved_config = os.path.join(config.init_from, 'config.json')
+  if not (checkpoints.exist(config.init_from) and os.path.isfile(saved_config)):
+    raise ValueError(f'config.init_from={config.init_from!r} holds no checkpoint and '
+                     'config.json: point it at the workdir of a pretraining run.')
+  with open(saved_config, encoding='utf-8') as f:
+    saved = json.load(f)
+  if saved.get('model_name') != config.model_name:
+    raise ValueError(f'config.init_from is a {saved.get("model_name")!r} run and this config '
+                     f'trains {config.model_name!r}: start from a run of the same model.')
+  fields = ([('model', f) for f in _SHAPE_FIELDS if f in config.model] +
+            [('data', f) for f in ('tokenizer', 'lower_case') if f in config.data])
+  for part, field in fields:
+    theirs = saved[part].get(field)
+    if theirs != config[part][field]:
+      raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
+                       f'config.init_from has {theirs}: set --config.{part}.{field}={theirs}.')
+
+
 # ----------------------------------------------------------------------------
-# Optimizer: AdamW as in BERT, linear warmup then linear decay, clipping.
+# Optimizer: AdamW with decoupled weight decay, warmup then linear or cosine decay, clipping.
 # ----------------------------------------------------------------------------
 
 def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """BERT's run_pretraining: lr * (1 - step / num_steps), overridden by a linear warmup."""
+  """A linear warmup, then linear decay to 0 (BERT's run_pretraining: lr * (1 - step / num_steps))
+  or a cosine from the end of the warmup to 0 (GPT pretraining, Radford et al. 2018 sec. 4.1)."""
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
+  cosine = opt_cfg.get('schedule', 'linear') == 'cosine'
 
   def schedule(step):
-    decayed = lr * (1.0 - jnp.minimum(step, num_steps) / num_steps)
+    if cosine:
+      done = jnp.clip((step - warmup) / max(num_steps - warmup, 1), 0.0, 1.0)
+      decayed = lr * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
+    else:
+      decayed = lr * (1.0 - jnp.minimum(step, num_steps) / num_steps)
     return jnp.where(step < warmup, lr * step / max(warmup, 1), decayed)
   return schedule
 
@@ -207,13 +247,18 @@ def accumulate(totals: dict[str, np.ndarray], metrics: dict[str, Any]) -> dict[s
 
 
 def evaluate(eval_step, params, config, tokenizer, mesh, summarize) -> dict[str, float]:
-  """Mean metrics over config.train.eval_steps batches of the held-out split (same every time)."""
+  """Mean metrics over config.train.eval_steps batches of the held-out split (same every time);
+  eval_steps=0 takes one pass of it, for pipelines that know its length (fine-tuning tasks)."""
   batches = input_pipeline.get_dataset(
       config.data, 'eval', tokenizer=tokenizer,
       batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
+  steps = config.train.eval_steps or batches.steps_per_epoch
+  if not steps:
+    raise ValueError(f'data.pipeline={config.data.pipeline!r} has no fixed eval pass: set '
+                     'train.eval_steps to the number of eval batches.')
   totals = {}
-  for _ in range(config.train.eval_steps):
+  for _ in range(steps):
     totals = accumulate(totals, eval_step(params, sharding.global_batch(next(batches), mesh)))
   return summarize(totals)
 
@@ -246,8 +291,9 @@ def write_workdir_files(config, workdir: str, tokenizer) -> None:
     return
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
-  if os.path.abspath(tokenizer.vocab_file) != os.path.abspath(os.path.join(workdir, 'vocab.txt')):
-    shutil.copyfile(tokenizer.vocab_file, os.path.join(workdir, 'vocab.txt'))
+  saved = os.path.join(workdir, type(tokenizer).FILE_NAME)
+  if os.path.abspath(tokenizer.vocab_file) != os.path.abspath(saved):
+    shutil.copyfile(tokenizer.vocab_file, saved)
 
 
 @dataclasses.dataclass
@@ -270,14 +316,16 @@ def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Call
   """Objective, schedule, freshly initialized sharded state, and the jitted train/eval steps."""
   model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
   objective = importlib.import_module(f'objectives.{config.objective}')
+  # Options of the objective (e.g. GPT's auxiliary LM weight) live in config.loss.
+  loss_fn = functools.partial(objective.loss_fn, **config.get('loss', {}))
   schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
   tx = make_optimizer(config.optimizer, schedule)
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
   state, state_shardings = create_state(model, tx, example, config.seed, mesh,
                                         config.logical_axis_rules)
   return (objective, schedule, state,
-          make_train_step(model, objective.loss_fn, tx, config, mesh, state_shardings),
-          make_eval_step(model, objective.loss_fn, config, mesh, state_shardings))
+          make_train_step(model, loss_fn, tx, config, mesh, state_shardings),
+          make_eval_step(model, loss_fn, config, mesh, state_shardings))
 
 
 def setup(config, workdir: str, mesh) -> Run:
@@ -286,12 +334,11 @@ def setup(config, workdir: str, mesh) -> Run:
   validate(config, mesh)
   os.makedirs(workdir, exist_ok=True)
 
-  # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now.
-  saved_vocab = os.path.join(workdir, 'vocab.txt')
-  if checkpoints.exist(workdir) and os.path.exists(saved_vocab):
-    tokenizer = input_pipeline.tokenizer.WordPieceTokenizer(saved_vocab, config.data.lower_case)
-  else:
-    tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+  # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now,
+  # and a run initialized from another one takes that run's vocabulary.
+  resuming = checkpoints.exist(workdir)
+  saved_dir = workdir if resuming else config.get('init_from') or None
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size, saved_dir)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='
                      f'{config.model.vocab_size}: set --config.model.vocab_size='
@@ -309,9 +356,20 @@ def setup(config, workdir: str, mesh) -> Run:
     train_iter.set_state(data_state)
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
+  elif config.get('init_from'):
+    state = state.replace(params=init_params(state.params, config.init_from))
   write_workdir_files(config, workdir, tokenizer)
   return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
              train_step, eval_step, mngr)
+
+
+def init_params(params, init_from: str):
+  """`params` with every array the run in `init_from` also has taken from its last checkpoint."""
+  params, new, unused = checkpoints.restore_params(init_from, params)
+  if jax.process_index() == 0:
+    print(f'Initialized from {init_from}; new parameters: {", ".join(new) or "none"}; '
+          f'unused: {", ".join(unused) or "none"}.', flush=True)
+  return params
 
 
 class Progress:
@@ -339,7 +397,8 @@ class Progress:
     summary = self.run.objective.summarize(self.totals)
     summary['learning_rate'] = float(self.run.schedule(step - 1))
     summary['tokens_per_sec'] = (steps_per_sec * self.run.config.train.batch_size *
-                                 self.run.config.data.max_seq_length)
+                                 self.run.config.data.max_seq_length *
+                                 self.run.config.data.get('num_choices', 1))
     self.totals, self.last_step, self.last_time, self.paused = {}, step, now, 0.0
     return summary, steps_per_sec
 

@@ -9,6 +9,8 @@ Every field can be overridden, e.g. `--config.optimizer.learning_rate=5e-5`.
 
 import ml_collections
 
+from configs import common
+
 # Sizes and schedules per variant (Devlin et al. 2018, sec. 3 and appendix A.2).
 VARIANTS = {
     'tiny': dict(num_layers=2, hidden_size=128, num_heads=2, mlp_dim=512, vocab_size=4096,
@@ -49,6 +51,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.model.remat = False
 
   config.data = ml_collections.ConfigDict()
+  config.data.pipeline = 'bert_pretraining'  # a module of input_pipeline/
   config.data.source = 'embedded'  # 'embedded' | 'files' | 'tfds'
   config.data.files = ''  # glob, reference format: one sentence per line, blank line between documents
   config.data.eval_files = ''  # glob; empty holds out every eval_holdout-th document of `files`
@@ -59,6 +62,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.data.tfds_data_dir = ''
   config.data.eval_holdout = 100  # 1 in N documents go to the eval split
   config.data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
+  config.data.tokenizer = 'wordpiece'  # 'wordpiece' | 'bpe' (byte-level)
   config.data.vocab_file = ''  # empty learns a WordPiece vocabulary of model.vocab_size from the training text
   config.data.lower_case = True
   config.data.max_seq_length = 128  # the paper's first 90% of steps
@@ -80,30 +84,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 0.01
   config.optimizer.clip_norm = 1.0
 
-  config.train = ml_collections.ConfigDict()
-  config.train.batch_size = v['batch_size']  # global, across all hosts and devices
-  config.train.num_steps = v['num_steps']
-  config.train.grad_accum_steps = 1
-  config.train.log_every = 20 if arg == 'tiny' else 100
-  config.train.eval_every = 200 if arg == 'tiny' else 10_000
-  config.train.eval_steps = 10 if arg == 'tiny' else 100
-  config.train.checkpoint_every = 200 if arg == 'tiny' else 10_000
-  config.train.keep_checkpoints = 3
+  config.train = common.pretraining_schedule(v['batch_size'], v['num_steps'], arg == 'tiny')
 
-  # Mesh axis sizes; -1 takes the remaining devices.
-  config.mesh = (('data', -1), ('fsdp', 1), ('tensor', 1))
-  # Logical axis -> mesh axes. Parameters shard over fsdp (embed) and tensor
-  # (vocab, heads, mlp); the batch over data and fsdp.
-  config.logical_axis_rules = (
-      ('batch', ('data', 'fsdp')),
-      ('vocab', 'tensor'),
-      ('embed', 'fsdp'),
-      ('mlp', 'tensor'),
-      ('heads', 'tensor'),
-      ('kv', None),
-      ('length', None),
-      ('act_embed', None),
-      ('act_mlp', 'tensor'),
-      ('act_heads', 'tensor'),
-  )
+  common.set_mesh_and_rules(config)
   return config

@@ -1,19 +1,26 @@
-"""Input pipelines: host-local numpy batches per model family, resumable by a small state dict.
+"""Input pipelines: host-local numpy batches, resumable by a small state dict.
+
+A pipeline is a module of this package named by config.data.pipeline
+(bert_pretraining, packed_lm, gpt_finetune, ...). It exports
+`get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
+process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
+synthetic batch of the same feature spec.
 
     data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tok,
                                       batch_size=host_batch, seed=config.seed)
     batch = next(data); state = data.get_state()  # saved with the checkpoint
 """
 
+import importlib
 import queue
 import threading
-from typing import Any, Callable, Iterator
+from types import ModuleType
+from typing import Any, Iterator
 import weakref
 
 import ml_collections
 import numpy as np
 
-from input_pipeline import bert_pretraining
 from input_pipeline import sources
 # Importing the submodule also binds input_pipeline.tokenizer; get_dataset's argument has that name.
 from input_pipeline import tokenizer as tokenizer_lib
@@ -21,34 +28,27 @@ from input_pipeline import tokenizer as tokenizer_lib
 Batch = dict[str, np.ndarray]
 
 
-def _bert_example(data_cfg: ml_collections.ConfigDict, vocab_size: int, batch_size: int) -> Batch:
-  return bert_pretraining.synthetic_batch(np.random.default_rng(0), batch_size,
-                                          data_cfg.max_seq_length,
-                                          data_cfg.max_predictions_per_seq, vocab_size)
+# The modules of this package that are pipelines (the others are shared parts).
+PIPELINES = ('bert_pretraining', 'packed_lm', 'gpt_finetune')
 
 
-# Pipeline family, named like the objective it feeds -> (iterator, synthetic batch of its spec).
-_FAMILIES: dict[str, tuple[type, Callable[..., Batch]]] = {
-    'mlm_nsp': (bert_pretraining.PretrainingIterator, _bert_example),  # BERT sec. 3.1
-}
+def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
+  if data_cfg.pipeline not in PIPELINES:
+    raise ValueError(f'Unknown data.pipeline {data_cfg.pipeline!r}: use one of '
+                     f'{", ".join(PIPELINES)}.')
+  return importlib.import_module(f'input_pipeline.{data_cfg.pipeline}')
 
 
-def _family(name: str) -> tuple[type, Callable[..., Batch]]:
-  if name not in _FAMILIES:
-    raise ValueError(f'Unknown input pipeline {name!r}: use one of {", ".join(_FAMILIES)}.')
-  return _FAMILIES[name]
+def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
+                  saved_dir: str | None = None) -> Any:
+  """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one."""
+  return sources.get_tokenizer(data_cfg, vocab_size, saved_dir=saved_dir)
 
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict,
-                  vocab_size: int) -> tokenizer_lib.WordPieceTokenizer:
-  """The WordPiece tokenizer of the data config (Devlin et al. 2018 sec. 3)."""
-  return sources.get_tokenizer(data_cfg, vocab_size)
-
-
-def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int, *, batch_size: int,
-                  family: str = 'mlm_nsp') -> Batch:
-  """A synthetic batch of the family's feature spec, for initialization, tests and benchmarks."""
-  return _family(family)[1](data_cfg, vocab_size, batch_size)
+def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int, *,
+                  batch_size: int) -> Batch:
+  """A synthetic batch of the pipeline's feature spec, for initialization, tests and benchmarks."""
+  return _pipeline(data_cfg).example_batch(data_cfg, vocab_size, batch_size)
 
 
 def _produce(iterator: Any, out: queue.Queue, stopping: threading.Event) -> None:
@@ -91,6 +91,11 @@ class Prefetcher:
     self._state = state
     return batch
 
+  @property
+  def steps_per_epoch(self) -> int | None:
+    """Batches in one pass of the split, for iterators that know it (fine-tuning eval sets)."""
+    return getattr(self._iterator, 'steps_per_epoch', None)
+
   def get_state(self) -> dict[str, int]:
     """Position after the last batch returned by __next__ (the thread runs ahead of it)."""
     return dict(self._state)
@@ -118,11 +123,11 @@ class Prefetcher:
 
 
 def get_dataset(data_cfg: ml_collections.ConfigDict, split: str, *,
-                tokenizer: tokenizer_lib.WordPieceTokenizer, batch_size: int, seed: int,
-                process_index: int = 0, process_count: int = 1, family: str = 'mlm_nsp',
+                tokenizer: Any, batch_size: int, seed: int,
+                process_index: int = 0, process_count: int = 1,
                 prefetch: int = 2) -> Iterator[Batch]:
   """Endless host-local batches of `batch_size` with get_state/set_state; prefetch=0 for none."""
-  iterator = _family(family)[0](data_cfg, split, tokenizer=tokenizer, batch_size=batch_size,
-                                seed=seed, process_index=process_index,
-                                process_count=process_count)
+  iterator = _pipeline(data_cfg).get_iterator(
+      data_cfg, split, tokenizer=tokenizer, batch_size=batch_size, seed=seed,
+      process_index=process_index, process_count=process_count)
   return Prefetcher(iterator, prefetch) if prefetch else iterator

@@ -15,28 +15,26 @@ With data.next_sentence_prediction False an example is [CLS] A [SEP] with A up
 to L - 2 tokens, segment_ids are all 0 and batches carry no next_sentence_labels
 (so the objective trains MLM alone).
 
-Order and resume: the host's document stream is cut into chunks of
-data.docs_per_chunk documents. The examples of chunk c in epoch e are built,
-shuffled and masked by one generator seeded from (seed, e, c, process_index),
-so segment pairs and masks are drawn afresh each epoch (dynamic masking) and
-the stream is a pure function of its position {'epoch', 'chunk', 'offset'}.
+Order and resume (input_pipeline/chunked.py): the host's document stream is
+cut into chunks of data.docs_per_chunk documents. The examples of chunk c in
+epoch e are built, shuffled and masked by one generator seeded from (seed, e,
+c, process_index), so segment pairs and masks are drawn afresh each epoch
+(dynamic masking) and the stream is a pure function of its position
+{'epoch', 'chunk', 'offset'}.
 """
 
 import bisect
+import functools
 import itertools
-from typing import Callable, Iterator
 
 import ml_collections
 import numpy as np
 
-from input_pipeline import sources
+from input_pipeline import chunked
 from input_pipeline import tokenizer as tokenizer_lib
 
-DocumentsFn = Callable[..., Iterator[list[str]]]
 # Per document, its sentences' (starts, ends) into the chunk's flat token array.
 Spans = list[tuple[list[int], list[int]]]
-# Eval examples do not depend on the training seed, so eval losses compare across runs.
-EVAL_SEED = 0
 # synthetic_batch's ids: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4, words from 5 on.
 _SYNTHETIC_PAD, _SYNTHETIC_CLS, _SYNTHETIC_SEP, _SYNTHETIC_MASK = 0, 2, 3, 4
 _NUM_SYNTHETIC_SPECIAL = 5
@@ -245,9 +243,9 @@ def create_masked_lm_predictions(
   }
 
 
-def build_examples(documents: list[list[str]], tokenizer: tokenizer_lib.WordPieceTokenizer,
-                   data_cfg: ml_collections.ConfigDict,
-                   rng: np.random.Generator) -> dict[str, np.ndarray]:
+def build_examples(documents: list[list[str]], rng: np.random.Generator, *,
+                   tokenizer: tokenizer_lib.WordPieceTokenizer,
+                   data_cfg: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """All examples of one chunk of documents: paired, shuffled and masked (sec. 3.1)."""
   flat, spans = tokenize_documents(documents, tokenizer)
   instances = create_instances(spans, rng, max_seq_length=data_cfg.max_seq_length,
@@ -274,7 +272,8 @@ def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:
   """Rejects data settings that cannot make BERT examples, in one line naming the fix."""
   length, predictions = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
   mask_prob, random_prob = data_cfg.mask_token_prob, data_cfg.random_token_prob
-  checks = (
+  chunked.validate(
+      data_cfg, batch_size,
       (length >= 5, f'config.data.max_seq_length={length} leaves no room for '
        '[CLS] A [SEP] B [SEP]: use 5 or more.'),
       (1 <= predictions <= length, f'config.data.max_predictions_per_seq={predictions} '
@@ -284,102 +283,27 @@ def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:
       (0 <= data_cfg.short_seq_prob <= 1,
        f'config.data.short_seq_prob={data_cfg.short_seq_prob} must be in [0, 1].'),
       (min(mask_prob, random_prob) >= 0 and mask_prob + random_prob <= 1,
-       'config.data.mask_token_prob and random_token_prob must be >= 0 and sum to <= 1.'),
-      (data_cfg.docs_per_chunk >= 1,
-       f'config.data.docs_per_chunk={data_cfg.docs_per_chunk} must be 1 or more.'),
-      (batch_size >= 1,
-       f'The host batch size is {batch_size}: raise config.train.batch_size to the host count.'),
-  )
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
+       'config.data.mask_token_prob and random_token_prob must be >= 0 and sum to <= 1.'))
 
 
-class PretrainingIterator:
+class PretrainingIterator(chunked.ChunkedIterator):
   """Endless host-local batches of MLM + NSP examples, exactly resumable (sec. 3.1, A.1)."""
 
   def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *,
                tokenizer: tokenizer_lib.WordPieceTokenizer, batch_size: int, seed: int,
                process_index: int = 0, process_count: int = 1,
-               documents_fn: DocumentsFn | None = None):
+               documents_fn: chunked.DocumentsFn | None = None):
     validate(data_cfg, batch_size)
-    self._cfg, self._split, self._tokenizer = data_cfg, split, tokenizer
-    self._batch_size = batch_size
-    # Eval reruns the same examples (fixed seed, epoch 0) so its loss is comparable.
-    self._is_eval = split == 'eval'
-    self._seed = EVAL_SEED if self._is_eval else seed
-    self._process_index, self._process_count = process_index, process_count
-    # Looked up now, not at definition, so tests can monkeypatch sources.documents.
-    self._documents_fn = documents_fn or sources.documents
-    self.set_state({'epoch': 0, 'chunk': 0, 'offset': 0})
-
-  def get_state(self) -> dict[str, int]:
-    """Position after the last returned batch, JSON-serializable."""
-    return {'epoch': self._epoch, 'chunk': self._chunk, 'offset': self._offset}
-
-  def set_state(self, state: dict[str, int]) -> None:
-    """Resumes at `state`; only its chunk is rebuilt, earlier documents are skipped untokenized."""
-    self._epoch, self._chunk, self._offset = (int(state[k])
-                                              for k in ('epoch', 'chunk', 'offset'))
-    self._examples = None  # built on the next batch
-    self._documents = None  # a fresh pass, skipped to the chunk, on the next batch
-
-  def __iter__(self) -> 'PretrainingIterator':
-    return self
+    build = functools.partial(build_examples, tokenizer=tokenizer, data_cfg=data_cfg)
+    super().__init__(data_cfg, split, build, batch_size=batch_size, seed=seed,
+                     process_index=process_index, process_count=process_count,
+                     documents_fn=documents_fn)
 
   def __next__(self) -> dict[str, np.ndarray]:
-    pieces, needed = [], self._batch_size
-    while needed:
-      if self._examples is None:
-        self._examples = self._build_chunk()
-      available = len(self._examples['next_sentence_labels']) - self._offset
-      if available <= 0:
-        self._chunk, self._offset, self._examples = self._chunk + 1, 0, None
-        continue
-      take = min(available, needed)
-      end = self._offset + take
-      pieces.append({k: v[self._offset:end] for k, v in self._examples.items()})
-      self._offset += take
-      needed -= take
-    batch = {k: np.concatenate([piece[k] for piece in pieces]) for k in pieces[0]}
+    batch = super().__next__()
     if not self._cfg.next_sentence_prediction:
       del batch['next_sentence_labels']  # objectives/mlm_nsp.py trains NSP iff they are present
     return batch
-
-  def _open_pass(self, skip: int) -> Iterator[list[str]]:
-    """A fresh pass over the host's documents with the first `skip` consumed, untokenized."""
-    documents = iter(self._documents_fn(self._cfg, self._split,
-                                        process_index=self._process_index,
-                                        process_count=self._process_count))
-    # A resumed pass had examples before the checkpoint.
-    self._pass_has_examples = skip > 0
-    if sum(1 for _ in itertools.islice(documents, skip)) < skip:
-      raise ValueError(f'Data position chunk {self._chunk} is past the end of split '
-                       f'{self._split!r}: the data changed since the checkpoint; restore the data.')
-    return documents
-
-  def _build_chunk(self) -> dict[str, np.ndarray]:
-    """Examples of the current (epoch, chunk); the end of the documents starts the next epoch."""
-    chunk_size = self._cfg.docs_per_chunk
-    if self._documents is None:
-      self._documents = self._open_pass(skip=self._chunk * chunk_size)
-    documents = list(itertools.islice(self._documents, chunk_size))
-    if not documents:
-      if not self._pass_has_examples:
-        raise ValueError(f'Split {self._split!r} of data source {self._cfg.source!r} has no '
-                         'text: check config.data.source and its files/tfds fields.')
-      self._epoch += not self._is_eval
-      self._chunk = 0
-      self._documents = self._open_pass(skip=0)
-      documents = list(itertools.islice(self._documents, chunk_size))
-    rng = np.random.default_rng([self._seed, self._epoch, self._chunk, self._process_index])
-    examples = build_examples(documents, self._tokenizer, self._cfg, rng)
-    num_examples = len(examples['next_sentence_labels'])
-    if self._offset > num_examples:
-      raise ValueError(f'Data position {self.get_state()} is past its chunk of {num_examples} '
-                       'examples: the data or config.data changed since the checkpoint.')
-    self._pass_has_examples |= num_examples > 0
-    return examples
 
 
 def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int,
@@ -406,3 +330,18 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int,
       masked_lm_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, mask_id=_SYNTHETIC_MASK,
       replacement_ids=np.arange(_NUM_SYNTHETIC_SPECIAL, vocab_size))
   return batch
+
+
+def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
+                 tokenizer: tokenizer_lib.WordPieceTokenizer, batch_size: int, seed: int,
+                 process_index: int = 0, process_count: int = 1) -> PretrainingIterator:
+  """The pipeline entry point that input_pipeline.get_dataset calls by name."""
+  return PretrainingIterator(data_cfg, split, tokenizer=tokenizer, batch_size=batch_size,
+                             seed=seed, process_index=process_index, process_count=process_count)
+
+
+def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int,
+                  batch_size: int) -> dict[str, np.ndarray]:
+  """A synthetic batch of this pipeline's spec, for initialization, tests and benchmarks."""
+  return synthetic_batch(np.random.default_rng(0), batch_size, data_cfg.max_seq_length,
+                         data_cfg.max_predictions_per_seq, vocab_size)

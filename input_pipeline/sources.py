@@ -313,28 +313,69 @@ def default_data_dir(data_cfg: ml_collections.ConfigDict) -> str:
 
 # Vocabulary.
 
+# data.tokenizer -> the class; its FILE_NAME is what a run saves in its workdir.
+TOKENIZERS = {'wordpiece': tokenizer_lib.WordPieceTokenizer,  # BERT, Devlin et al. 2018 sec. 3
+              'bpe': tokenizer_lib.ByteLevelBPETokenizer}  # GPT, Radford et al. 2018 sec. 4.1
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict,
-                  vocab_size: int) -> tokenizer_lib.WordPieceTokenizer:
-  """The configured vocabulary, or one learned from the training text and cached."""
+
+def document_text(document: Document) -> str:
+  """A document as one text, the way a language model reads it: sentences joined by a space."""
+  return ' '.join(document)
+
+
+def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
+                  saved_dir: str | None = None) -> tokenizer_lib.Tokenizer:
+  """The vocabulary saved in `saved_dir`, else data.vocab_file, else one learned and cached.
+
+  A run saves its vocabulary file (the class's FILE_NAME) in its workdir, so a
+  resumed or fine-tuning run given that directory keeps the vocabulary it was
+  trained with, whatever the cache or the config says now.
+  """
+  kind = data_cfg.get('tokenizer', 'wordpiece')
+  if kind not in TOKENIZERS:
+    raise ValueError(f'Unknown data.tokenizer {kind!r}: set --config.data.tokenizer to '
+                     "'wordpiece' (BERT) or 'bpe' (GPT, byte-level).")
+  tokenizer_class = TOKENIZERS[kind]
+  file_name = tokenizer_class.FILE_NAME
+  if saved_dir and os.path.isfile(os.path.join(saved_dir, file_name)):
+    return tokenizer_class(os.path.join(saved_dir, file_name), data_cfg.lower_case)
   if data_cfg.vocab_file:
     if not os.path.isfile(data_cfg.vocab_file):
-      raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} does not exist:'
-                       ' point it at a vocab.txt, or set it to "" to learn one.')
-    return tokenizer_lib.WordPieceTokenizer(data_cfg.vocab_file,
-                                            data_cfg.lower_case)
+      raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} does not exist: point it '
+                       f'at a {file_name}, or set it to "" to learn one.')
+    if data_cfg.vocab_file.endswith('.json') != (kind == 'bpe'):
+      raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is not a {kind} {file_name}:'
+                       ' point it at one, or change data.tokenizer to match the file.')
+    return tokenizer_class(data_cfg.vocab_file, data_cfg.lower_case)
   casing = 'uncased' if data_cfg.lower_case else 'cased'
+  extension = os.path.splitext(file_name)[1]
   path = os.path.join(default_data_dir(data_cfg), 'vocab',
-                      f'{_source_key(data_cfg)}-{vocab_size}-{casing}.txt')
+                      f'{_source_key(data_cfg)}-{kind}-{vocab_size}-{casing}{extension}')
   if not os.path.exists(path):
     started = time.time()
-    sentences = (s for doc in documents(data_cfg, 'train') for s in doc)
-    tokenizer_lib.learn_vocab(
-        itertools.islice(sentences, VOCAB_MAX_SENTENCES), vocab_size,
-        data_cfg.lower_case, path)
-    logging.info('Learned a vocabulary of %d tokens in %.1f s: %s', vocab_size,
+    docs = documents(data_cfg, 'train')
+    if kind == 'wordpiece':
+      sentences = (s for doc in docs for s in doc)
+      tokenizer_lib.learn_vocab(itertools.islice(sentences, VOCAB_MAX_SENTENCES), vocab_size,
+                                data_cfg.lower_case, path)
+    else:
+      # Whole documents, as packed_lm encodes them: a sentence's first word then
+      # has the leading space it has in the model's input.
+      tokenizer_lib.learn_bpe(_document_texts(docs, VOCAB_MAX_SENTENCES), vocab_size,
+                              data_cfg.lower_case, path)
+    logging.info('Learned a %s vocabulary of %d tokens in %.1f s: %s', kind, vocab_size,
                  time.time() - started, path)
-  return tokenizer_lib.WordPieceTokenizer(path, data_cfg.lower_case)
+  return tokenizer_class(path, data_cfg.lower_case)
+
+
+def _document_texts(docs: Iterable[Document], max_sentences: int) -> Iterator[str]:
+  """Texts of the first documents, up to about max_sentences sentences."""
+  count = 0
+  for doc in docs:
+    if count >= max_sentences:
+      return
+    count += len(doc)
+    yield document_text(doc)
 
 
 def _source_key(data_cfg: ml_collections.ConfigDict) -> str:

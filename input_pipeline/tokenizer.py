@@ -1,6 +1,10 @@
-"""WordPiece tokenizer giving the tokens of the reference BERT tokenizer.
+"""Tokenizers: BERT's WordPiece and GPT's byte-level BPE, with the same interface.
 
-Devlin et al. 2018, section 3 ("We use WordPiece embeddings with a 30,000
+Both expose the token roles pad_id, eot_id, start_id, delim_id, extract_id,
+plus vocab_size, vocab_file (the one file that defines the vocabulary), encode,
+encode_batch, decode and convert_ids_to_tokens; `load` picks the class by file.
+
+WordPiece: Devlin et al. 2018, section 3 ("We use WordPiece embeddings with a 30,000
 token vocabulary"); the rules are those of google-research/bert
 tokenization.py (BasicTokenizer + WordpieceTokenizer). Built from components
 of the HF `tokenizers` library so that encoding is fast (Rust, batched).
@@ -11,16 +15,21 @@ U+2B820..U+2B91F (not split) and on final sigma when lower-casing. The
 normalizer and pre-tokenizer below spell out the reference rules with
 Unicode-property regexes instead; tests/test_tokenizer.py checks every
 assigned code point against those rules.
+
+Byte-level BPE: Radford et al. 2018, section 4.1 (a BPE vocabulary with 40,000
+merges; GPT-1 lower-cased its text) over bytes as in GPT-2, so that no text is
+unknown and decoding gives back the exact text.
 """
 
 import collections
 from collections.abc import Iterable
+import json
 import os
 import uuid
 
 import numpy as np
 import tokenizers
-from tokenizers import Regex, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
 PAD, UNK, CLS, SEP, MASK = '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -85,8 +94,28 @@ def _read_vocab(vocab_file: str) -> list[str]:
   return tokens
 
 
-class WordPieceTokenizer:
+class _LibraryTokenizer:
+  """Encoding shared by both kinds: the library's tokenizer in self._tokenizer does the work."""
+
+  _tokenizer: tokenizers.Tokenizer
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, no special token added ([CLS], [SEP], <|endoftext|>)."""
+    return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, encoded in parallel by the library."""
+    encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+
+class WordPieceTokenizer(_LibraryTokenizer):
   """Basic tokenization + greedy longest-match-first WordPiece (BERT sec. 3)."""
+
+  FILE_NAME = 'vocab.txt'
 
   def __init__(self, vocab_file: str, lower_case: bool):
     self.vocab_file = vocab_file
@@ -97,6 +126,9 @@ class WordPieceTokenizer:
     self.vocab_size = len(self._tokens)
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         ids[t] for t in SPECIAL_TOKENS)
+    # GPT's roles, so that its pipelines also run on a BERT vocabulary.
+    self.eot_id, self.start_id, self.delim_id, self.extract_id = (
+        self.sep_id, self.cls_id, self.sep_id, self.mask_id)
     self.special_ids = np.array([ids[t] for t in SPECIAL_TOKENS], np.int32)
     self.is_continuation = np.array(
         [t.startswith(CONTINUATION_PREFIX) for t in self._tokens], bool)
@@ -106,20 +138,18 @@ class WordPieceTokenizer:
                          max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
         lower_case)
 
-  def tokenize(self, text: str) -> list[str]:
-    return self._tokenizer.encode(text, add_special_tokens=False).tokens
-
-  def encode(self, text: str) -> list[int]:
-    """Token ids of `text`, without [CLS]/[SEP]."""
-    return self._tokenizer.encode(text, add_special_tokens=False).ids
-
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, encoded in parallel by the library."""
-    encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    return [e.ids for e in encodings]
-
   def convert_ids_to_tokens(self, ids) -> list[str]:
     return [self._tokens[int(i)] for i in ids]
+
+  def decode(self, ids) -> str:
+    """Tokens joined by spaces, '##' pieces glued on; [PAD] [CLS] [SEP] [MASK] dropped.
+
+    Not the original text: the basic tokenizer split off punctuation and may
+    have lower-cased and stripped accents ([UNK] stays as is).
+    """
+    dropped = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}
+    tokens = self.convert_ids_to_tokens(i for i in ids if int(i) not in dropped)
+    return ' '.join(tokens).replace(' ' + CONTINUATION_PREFIX, '')
 
 
 def learn_vocab(texts: Iterable[str], vocab_size: int, lower_case: bool,
@@ -178,3 +208,123 @@ def write_lines_atomically(lines: Iterable[str], path: str) -> str:
     if os.path.exists(tmp):
       os.unlink(tmp)
   return path
+
+
+# Byte-level BPE (GPT).
+
+BPE_SPECIAL_TOKENS = ('<|pad|>', '<|endoftext|>', '<|start|>', '<|delim|>', '<|extract|>')
+NUM_BYTES = 256
+
+
+def _byte_symbols() -> list[str]:
+  """The symbols of bytes 0..255, as GPT-2's bytes_to_unicode: printable, never whitespace."""
+  printable = {*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1),
+               *range(ord('®'), ord('ÿ') + 1)}
+  shifted = iter(range(NUM_BYTES, 2 * NUM_BYTES))
+  return [chr(b) if b in printable else chr(next(shifted)) for b in range(NUM_BYTES)]
+
+
+def _byte_level_tokenizer(model: models.Model, lower_case: bool) -> tokenizers.Tokenizer:
+  tokenizer = tokenizers.Tokenizer(model)
+  if lower_case:
+    tokenizer.normalizer = normalizers.Lowercase()
+  # GPT-2's word-splitting regex. No prefix space, so that decoding gives the text back.
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tokenizer.decoder = decoders.ByteLevel()
+  return tokenizer
+
+
+def _read_bpe(path: str, lower_case: bool) -> tokenizers.Tokenizer:
+  """A tokenizer.json of learn_bpe's kind, checked, or a one-line ValueError naming the fix."""
+  if not os.path.isfile(path):
+    raise ValueError(f'Tokenizer file {path!r} not found: point data.vocab_file at a '
+                     'tokenizer.json, or leave it empty to learn one.')
+  try:
+    tokenizer = tokenizers.Tokenizer.from_file(path)
+  except Exception as error:  # the library raises a bare Exception on a malformed file
+    raise ValueError(f'Tokenizer file {path!r} is not a tokenizer.json ({error}): point '
+                     'data.vocab_file at one, or leave it empty to learn one.') from None
+  if not (isinstance(tokenizer.model, models.BPE)
+          and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)):
+    raise ValueError(f'Tokenizer file {path!r} is not a byte-level BPE: use one written by '
+                     "learn_bpe, or set data.tokenizer='wordpiece' for a WordPiece vocab.")
+  missing = [t for t in BPE_SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+  if missing:
+    raise ValueError(f'Tokenizer file {path!r} lacks {" ".join(missing)}: use one written '
+                     'by learn_bpe (data.vocab_file empty learns one).')
+  lower_cases = isinstance(tokenizer.normalizer, normalizers.Lowercase)
+  if lower_cases != lower_case:
+    raise ValueError(f'Tokenizer file {path!r} was learned with lower_case={lower_cases}: set '
+                     f'--config.data.lower_case={lower_cases}, or learn another one.')
+  # The specials are plain vocabulary entries that no merge builds, so raw text
+  # never becomes one. A file from elsewhere may register them as added tokens,
+  # which the library would match in text: this makes it read them as text.
+  tokenizer.encode_special_tokens = True
+  return tokenizer
+
+
+class ByteLevelBPETokenizer(_LibraryTokenizer):
+  """BPE over bytes (Radford et al. 2018 sec. 4.1, bytes as in GPT-2): no text is unknown.
+
+  encode never gives a special token, even for text that spells one ('<|endoftext|>').
+  """
+
+  FILE_NAME = 'tokenizer.json'
+
+  def __init__(self, tokenizer_file: str, lower_case: bool):
+    self._tokenizer = _read_bpe(tokenizer_file, lower_case)
+    self.vocab_file, self.lower_case = tokenizer_file, lower_case
+    self.vocab_size = self._tokenizer.get_vocab_size()
+    self.pad_id, self.eot_id, self.start_id, self.delim_id, self.extract_id = (
+        self._tokenizer.token_to_id(t) for t in BPE_SPECIAL_TOKENS)
+    self.special_ids = np.array([self._tokenizer.token_to_id(t) for t in BPE_SPECIAL_TOKENS],
+                                np.int32)
+    self._special = frozenset(self.special_ids.tolist())
+
+  def decode(self, ids) -> str:
+    """The text of `ids`, special tokens dropped: decode(encode(t)) == t unless lower-cased."""
+    kept = [int(i) for i in ids if int(i) not in self._special]
+    return self._tokenizer.decode(kept, skip_special_tokens=False)
+
+  def convert_ids_to_tokens(self, ids) -> list[str]:
+    """Byte-level symbols, e.g. 'Ġthe' for ' the'."""
+    return [self._tokenizer.id_to_token(int(i)) for i in ids]
+
+
+def learn_bpe(texts: Iterable[str], vocab_size: int, lower_case: bool,
+              output_file: str) -> str:
+  """Learns a byte-level BPE vocabulary of exactly `vocab_size` ids, writes a tokenizer.json.
+
+  Ids: the specials 0..4, the 256 byte symbols in byte order (so nothing is
+  unknown), then the merged tokens in the order they were learned, padded
+  with <|unusedN|> tokens when the text has fewer merges to give. The same
+  texts give the same file. Returns `output_file`.
+  """
+  fixed = list(BPE_SPECIAL_TOKENS) + _byte_symbols()
+  if vocab_size < len(fixed):
+    raise ValueError(f'vocab_size={vocab_size} is too small for byte-level BPE: use at least '
+                     f'{len(fixed)} (5 specials + 256 bytes), typically thousands.')
+  # A pair seen once is not worth a token (the library's own default for byte-level BPE).
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=list(BPE_SPECIAL_TOKENS),
+                                initial_alphabet=_byte_symbols(), show_progress=False)
+  learner = _byte_level_tokenizer(models.BPE(), lower_case)
+  learner.train_from_iterator(texts, trainer)
+  merges = [tuple(m) for m in json.loads(learner.to_str())['model']['merges']]
+  merges = merges[:vocab_size - len(fixed)]
+  # Numbered here rather than as the trainer did, so the layout is the documented one.
+  vocab = {token: i for i, token in enumerate(fixed)}
+  for left, right in merges:
+    vocab.setdefault(left + right, len(vocab))
+  vocab |= {f'<|unused{i}|>': len(vocab) + i for i in range(vocab_size - len(vocab))}
+  tokenizer = _byte_level_tokenizer(models.BPE(vocab, merges, fuse_unk=False), lower_case)
+  return write_lines_atomically([tokenizer.to_str()], output_file)
+
+
+Tokenizer = WordPieceTokenizer | ByteLevelBPETokenizer
+
+
+def load(path: str, lower_case: bool) -> Tokenizer:
+  """The tokenizer a file defines: a .json is a byte-level BPE tokenizer.json, else a vocab.txt."""
+  kind = ByteLevelBPETokenizer if path.endswith('.json') else WordPieceTokenizer
+  return kind(path, lower_case)

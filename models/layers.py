@@ -9,6 +9,7 @@ Shape legend for names such as `x_BLD`:
   C characters, T segment types.
 """
 
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -95,32 +96,77 @@ def padding_mask(input_mask_BS: Array) -> Array:
   return (input_mask_BS > 0)[:, None, None, :]
 
 
+def causal_mask(length: int) -> Array:
+  """Boolean (1, 1, L, L): query t sees keys <= t (Vaswani et al. 2017, sec. 3.2.3)."""
+  return jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
+
+
+def segment_causal_mask(segment_ids_BL: Array) -> Array:
+  """Boolean (B, 1, L, L): causal, within the query's document piece, never onto padding (id 0).
+
+  Packed rows hold several documents; none may attend to another.
+  """
+  same_BLS = segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :]
+  real_B1S = (segment_ids_BL > 0)[:, None, :]
+  return causal_mask(segment_ids_BL.shape[1]) & (same_BLS & real_B1S)[:, None]
+
+
 class MultiHeadAttention(nn.Module):
-  """Scaled dot-product multi-head attention (Vaswani et al. 2017, sec. 3.2)."""
+  """Scaled dot-product multi-head attention (Vaswani et al. 2017, sec. 3.2).
+
+  `mask` is boolean, broadcastable to (B, 1, L, S). With `decode`, this is
+  self-attention over a key/value cache (collection 'cache', made by `init`
+  with the full-length input; zeros, see decoding.init_cache): each call
+  appends its L new keys/values at `cache_index` and attends over all S
+  cached slots, so `mask` must be (B, 1, L, S) over the whole cache and hide
+  the slots not written yet (DecodeMask builds it).
+  """
   num_heads: int
   head_dim: int
   dropout_rate: float = 0.0
   init_stddev: float = 0.02
   dtype: Any = jnp.float32
+  decode: bool = False
+  kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
 
   @nn.compact
   def __call__(self, x_BLD: Array, kv_BSD: Array, mask_B11S: Array, *,
                deterministic: bool) -> Array:
     D, H, K = x_BLD.shape[-1], self.num_heads, self.head_dim
+    init = self.kernel_init or truncated_normal(self.init_stddev)
     proj = lambda name: Einsum(  # noqa: E731
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
-        kernel_init=truncated_normal(self.init_stddev), dtype=self.dtype, name=name)
+        kernel_init=init, dtype=self.dtype, name=name)
     q_BLHK = proj('query')(x_BLD)
     k_BSHK = proj('key')(kv_BSD)
     v_BSHK = proj('value')(kv_BSD)
     q_BLHK = nn.with_logical_constraint(q_BLHK, ('batch', 'length', 'act_heads', 'kv'))
+    if self.decode:
+      k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
     if deterministic or self.dropout_rate == 0.0:
       out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B11S)
     else:
       out_BLHK = self._attend_with_dropout(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
     return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
-                  kernel_init=truncated_normal(self.init_stddev), dtype=self.dtype,
-                  name='out')(out_BLHK)
+                  kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
+
+  def _update_cache(self, k_BLHK: Array, v_BLHK: Array) -> tuple[Array, Array]:
+    """Writes the new keys/values at the cache index; returns the whole (B, S, H, K) cache."""
+    # `init` creates the cache with the shape of its input, so S = max length;
+    # the created cache stays zeros and this first call attends to itself only.
+    initialized = self.has_variable('cache', 'cached_key')
+    key = self.variable('cache', 'cached_key', jnp.zeros, k_BLHK.shape, k_BLHK.dtype)
+    value = self.variable('cache', 'cached_value', jnp.zeros, v_BLHK.shape, v_BLHK.dtype)
+    index = self.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
+    if not initialized:
+      return k_BLHK, v_BLHK
+    i = index.value
+    key.value = jax.lax.dynamic_update_slice(key.value, k_BLHK.astype(key.value.dtype),
+                                             (0, i, 0, 0))
+    value.value = jax.lax.dynamic_update_slice(value.value, v_BLHK.astype(value.value.dtype),
+                                               (0, i, 0, 0))
+    index.value = i + k_BLHK.shape[1]
+    return key.value.astype(self.dtype), value.value.astype(self.dtype)
 
   def _attend_with_dropout(self, q_BLHK, k_BSHK, v_BSHK, mask_B11S):
     # The fused kernel has no dropout on the attention probabilities, which
@@ -135,23 +181,58 @@ class MultiHeadAttention(nn.Module):
     return jnp.einsum('BHLS,BSHK->BLHK', probs_BHLS.astype(self.dtype), v_BSHK)
 
 
+class DecodeMask(nn.Module):
+  """The decoding cache's bookkeeping: the attention mask over its slots and the new positions.
+
+  Slots fill left to right, L per call: a right-padded prompt (valid = False
+  on its padding), then one token at a time. Padding keeps its slot but is
+  never attended to, and positions count real tokens only, so each row of a
+  batch of prompts of different lengths decodes as if it were alone.
+  Returns the (B, 1, L, S) mask of the new queries over the S slots and
+  their (B, L) positions. `init` with the full-length input sets S.
+  """
+
+  @nn.compact
+  def __call__(self, valid_BL: Array) -> tuple[Array, Array]:
+    B, L = valid_BL.shape
+    initialized = self.has_variable('cache', 'valid')
+    valid = self.variable('cache', 'valid', jnp.zeros, (B, L), jnp.bool_)
+    index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+    next_position = self.variable('cache', 'next_position', jnp.zeros, (B,), jnp.int32)
+    positions_BL = (next_position.value[:, None]
+                    + jnp.maximum(jnp.cumsum(valid_BL, axis=1, dtype=jnp.int32) - 1, 0))
+    if not initialized:
+      return causal_mask(L) & padding_mask(valid_BL), positions_BL
+    i = index.value
+    valid.value = jax.lax.dynamic_update_slice(valid.value, valid_BL.astype(jnp.bool_), (0, i))
+    index.value = i + L
+    next_position.value = next_position.value + valid_BL.sum(axis=1, dtype=jnp.int32)
+    S = valid.value.shape[1]
+    written_LS = jnp.arange(S)[None, :] <= i + jnp.arange(L)[:, None]
+    return written_LS[None, None] & padding_mask(valid.value), positions_BL
+
+
 class Mlp(nn.Module):
-  """Position-wise feed-forward network with GELU (Hendrycks & Gimpel 2016)."""
+  """Position-wise feed-forward network with GELU (Hendrycks & Gimpel 2016).
+
+  BERT uses the exact GELU; GPT the tanh approximation of OpenAI's code.
+  """
   mlp_dim: int
   init_stddev: float = 0.02
   dtype: Any = jnp.float32
+  approximate_gelu: bool = False
+  kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
 
   @nn.compact
   def __call__(self, x_BLD: Array) -> Array:
     D, F = x_BLD.shape[-1], self.mlp_dim
-    h_BLF = Einsum('BLD,DF->BLF', (D, F), ('embed', 'mlp'),
-                   kernel_init=truncated_normal(self.init_stddev), dtype=self.dtype,
-                   name='wi')(x_BLD)
+    init = self.kernel_init or truncated_normal(self.init_stddev)
+    h_BLF = Einsum('BLD,DF->BLF', (D, F), ('embed', 'mlp'), kernel_init=init,
+                   dtype=self.dtype, name='wi')(x_BLD)
     h_BLF = nn.with_logical_constraint(h_BLF, ('batch', 'length', 'act_mlp'))
-    h_BLF = nn.gelu(h_BLF, approximate=False)
-    return Einsum('BLF,FD->BLD', (F, D), ('mlp', 'embed'),
-                  kernel_init=truncated_normal(self.init_stddev), dtype=self.dtype,
-                  name='wo')(h_BLF)
+    h_BLF = nn.gelu(h_BLF, approximate=self.approximate_gelu)
+    return Einsum('BLF,FD->BLD', (F, D), ('mlp', 'embed'), kernel_init=init,
+                  dtype=self.dtype, name='wo')(h_BLF)
 
 
 class PostLNBlock(nn.Module):
@@ -163,17 +244,21 @@ class PostLNBlock(nn.Module):
   layer_norm_eps: float
   init_stddev: float = 0.02
   dtype: Any = jnp.float32
+  approximate_gelu: bool = False
+  decode: bool = False
+  kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask_B11S: Array, deterministic: bool) -> Array:
     D = x_BLD.shape[-1]
     y_BLD = MultiHeadAttention(
         self.num_heads, D // self.num_heads, self.attention_dropout_rate,
-        self.init_stddev, self.dtype, name='attention')(
-            x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
+        self.init_stddev, self.dtype, decode=self.decode, kernel_init=self.kernel_init,
+        name='attention')(x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
     y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'attention_ln')(x_BLD + y_BLD)
-    y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, name='mlp')(x_BLD)
+    y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, self.approximate_gelu,
+                self.kernel_init, name='mlp')(x_BLD)
     y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'mlp_ln')(x_BLD + y_BLD)
     return nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
@@ -192,14 +277,17 @@ class _ScanStep(nn.Module):
 
 def run_layers(block: Callable[..., nn.Module], num_layers: int, x_BLD: Array,
                mask_B11S: Array, *, deterministic: bool, scan: bool,
-               remat: bool) -> list[Array]:
+               remat: bool, decode: bool = False) -> list[Array]:
   """Applies `num_layers` blocks; returns every layer's output.
 
-  With `scan`, the blocks' parameters are stacked on a leading 'layers' axis
-  and one block is compiled once (shorter compiles for deep models).
+  With `scan`, the blocks' parameters (and decoding caches) are stacked on a
+  leading 'layers' axis and one block is compiled once (shorter compiles for
+  deep models). `decode` is passed to the blocks (which must take it).
   Must be called inside a compact module method.
   """
-  if remat:
+  if decode:
+    block = functools.partial(block, decode=True)
+  elif remat:  # nothing to rematerialize without a backward pass
     block = nn.remat(block, static_argnums=(3,))
   if not scan:
     outputs = []
@@ -208,8 +296,8 @@ def run_layers(block: Callable[..., nn.Module], num_layers: int, x_BLD: Array,
       outputs.append(x_BLD)
     return outputs
   step = nn.scan(
-      _ScanStep, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-      in_axes=nn.broadcast, length=num_layers,
+      _ScanStep, variable_axes={'params': 0, 'cache': 0},
+      split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast, length=num_layers,
       metadata_params={nn.PARTITION_NAME: 'layers'})
   _, ys_NBLD = step(block, deterministic, name='layers')(x_BLD, mask_B11S)
   return [ys_NBLD[i] for i in range(num_layers)]

@@ -444,9 +444,9 @@ def test_get_dataset_entry_point(monkeypatch):
   assert not thread.is_alive()
   example = input_pipeline.example_batch(cfg, 300, batch_size=4)
   assert_valid_batch(example, 4, cfg.max_seq_length, cfg.max_predictions_per_seq)
-  with pytest.raises(ValueError, match='Unknown input pipeline'):
-    input_pipeline.get_dataset(cfg, 'train', tokenizer=FakeTokenizer(), batch_size=16, seed=0,
-                               family='bilm')
+  cfg.pipeline = 'bilm_typo'
+  with pytest.raises(ValueError, match='Unknown data.pipeline'):
+    input_pipeline.get_dataset(cfg, 'train', tokenizer=FakeTokenizer(), batch_size=16, seed=0)
 
 
 def test_synthetic_batch_follows_the_spec():

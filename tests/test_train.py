@@ -13,8 +13,7 @@ import pytest
 import input_pipeline
 import sharding
 import train
-from models import bert
-from objectives import mlm_nsp
+from configs import gpt as gpt_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -87,21 +86,35 @@ def _three_steps(config, devices):
 
 def _gradients(config, devices):
   mesh = sharding.make_mesh(config.mesh, devices)
-  model = bert.Model(train.model_config(config))
+  model = importlib.import_module(f'models.{config.model_name}').Model(train.model_config(config))
+  objective = importlib.import_module(f'objectives.{config.objective}')
   local = input_pipeline.example_batch(config.data, config.model.vocab_size,
                                        batch_size=config.train.batch_size)
   state, _ = train.create_state(model, optax.sgd(0.1), local, 0, mesh, config.logical_axis_rules)
 
   def loss(params, batch):
     with nn.logical_axis_rules(config.logical_axis_rules):
-      return mlm_nsp.loss_fn(model.apply({'params': params}, batch), batch)[0]
+      return objective.loss_fn(model.apply({'params': params}, batch), batch)[0]
   with jax.set_mesh(mesh):
     return jax.device_get(jax.jit(jax.grad(loss))(state.params, sharding.global_batch(local, mesh)))
 
 
-def test_one_device_and_eight_devices_agree(data_dir):
+def gpt_micro_config(data_dir, **train_overrides):
+  config = gpt_configs.get_config('tiny')
+  config.data.data_dir = data_dir
+  config.model.update(hidden_size=32, num_layers=1, num_heads=2, mlp_dim=64)
+  config.data.update(max_seq_length=32, docs_per_chunk=50)
+  config.train.update(batch_size=8, num_steps=6, log_every=2, eval_every=1000, eval_steps=2,
+                      checkpoint_every=3)
+  config.train.update(**train_overrides)
+  config.optimizer.warmup_steps = 2
+  return config
+
+
+@pytest.mark.parametrize('make_config', [micro_config, gpt_micro_config], ids=['bert', 'gpt'])
+def test_one_device_and_eight_devices_agree(data_dir, make_config):
   assert len(jax.devices()) == 8
-  config = micro_config(data_dir)
+  config = make_config(data_dir)
   config.model.update(num_heads=4, mlp_dim=64, vocab_size=256)
   one_losses, one_norms, _ = _three_steps(config, jax.devices()[:1])
   one_grads = _gradients(config, jax.devices()[:1])
@@ -132,8 +145,9 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
 
 
-def test_resume_is_exact(data_dir, tmp_path):
-  config = micro_config(data_dir)
+@pytest.mark.parametrize('make_config', [micro_config, gpt_micro_config], ids=['bert', 'gpt'])
+def test_resume_is_exact(data_dir, tmp_path, make_config):
+  config = make_config(data_dir)
   config.data.docs_per_chunk = 3  # the 6 steps cross many chunk boundaries
   straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
   train.train_and_evaluate(config, str(tmp_path / 'resumed'), stop_after_steps=3)

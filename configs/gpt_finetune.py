@@ -1,0 +1,79 @@
+"""GPT fine-tuning with the auxiliary LM loss, L3 = L2 + lambda * L1 (Radford et al. 2018, sec. 3.2, 4.1).
+
+    python train.py --config=configs/gpt_finetune.py:sst2 --config.init_from=runs/gpt --workdir=runs/gpt_sst2
+    python train.py --config=configs/gpt_finetune.py:offline_shuffled,tiny \
+        --config.init_from=runs/gpt_tiny --workdir=runs/gpt_tiny_shuffled
+
+The argument is `task[,size]`: a task of input_pipeline/gpt_finetune.py
+(GLUE and SNLI from TFDS, or an offline task made from the embedded corpus)
+and the size of the pretrained model (a variant of configs/gpt.py, base by
+default). The vocabulary comes from the init_from workdir.
+`--config.loss.lm_coef=0` turns the auxiliary LM loss off.
+"""
+
+import math
+
+import ml_collections
+
+from configs import common
+from configs import gpt
+from input_pipeline import gpt_finetune
+
+# Training examples per TFDS task, for the paper's 3 epochs.
+TRAIN_EXAMPLES = {
+    'sst2': 67_349, 'cola': 8_551, 'mnli': 392_702, 'qnli': 104_743, 'rte': 2_490,
+    'snli': 549_367, 'stsb': 5_749, 'qqp': 363_846, 'mrpc': 3_668,
+}
+EPOCHS = 3
+BATCH_SIZE = 32
+# Offline tasks are small; their step count for a run of a few minutes on a CPU.
+OFFLINE_STEPS = 300
+
+
+def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
+  task, _, size = arg.partition(',')
+  size = size or 'base'
+  if size not in gpt.VARIANTS:
+    raise ValueError(f'Unknown size {size!r}: use one of {", ".join(gpt.VARIANTS)}.')
+  spec = gpt_finetune.task_spec(task)
+  v = gpt.VARIANTS[size]
+
+  config = ml_collections.ConfigDict()
+  config.model_name = 'gpt'
+  config.objective = 'gpt_finetune'
+  config.seed = 0
+  config.init_from = ''  # workdir of a GPT pretraining run; empty trains from scratch
+
+  config.model = gpt.model_config(v)
+  config.model.num_labels = spec.num_labels  # 1 = regression
+  config.model.head = 'choice' if spec.kind == 'multiple_choice' else 'classify'
+
+  config.data = gpt.data_config(v)
+  config.data.pipeline = 'gpt_finetune'
+  config.data.task = task
+  config.data.num_choices = gpt_finetune.num_sequences(spec)
+  config.data.max_examples = 20_000  # offline tasks: examples made from the embedded corpus
+  if spec.source == 'offline':
+    config.data.eval_holdout = 10  # about 900-1,500 eval examples rather than 90-150
+
+  config.loss = ml_collections.ConfigDict()
+  config.loss.lm_coef = 0.5  # lambda of L3 = L2 + lambda * L1; 0 turns the auxiliary LM off
+
+  if task in TRAIN_EXAMPLES:
+    num_steps = math.ceil(EPOCHS * TRAIN_EXAMPLES[task] / BATCH_SIZE)
+  else:
+    num_steps = OFFLINE_STEPS
+  # lr 6.25e-5, linear decay with warmup over 0.2% of training (sec. 4.1).
+  config.optimizer = gpt.optimizer_config(6.25e-5, math.ceil(0.002 * num_steps), 'linear')
+
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = BATCH_SIZE
+  config.train.num_steps = num_steps
+  config.train.grad_accum_steps = 1
+  config.train.log_every = 20 if num_steps < 2000 else 100
+  config.train.eval_every = num_steps  # at the end; eval_steps = 0 takes the whole eval split
+  config.train.eval_steps = 0
+  config.train.checkpoint_every = num_steps
+  config.train.keep_checkpoints = 1
+  common.set_mesh_and_rules(config)
+  return config

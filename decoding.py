@@ -1,0 +1,137 @@
+"""Sampling from a causal LM: greedy, temperature and top-k, with a key/value cache.
+
+Works with any model whose `__call__(batch, decode=...)` takes input_ids and
+segment_ids (1 = real token, 0 = padding) and returns float32 'lm_logits',
+keeping its decoding state in the 'cache' collection (models/gpt.py).
+Prompts of different lengths share one right-padded array; each row
+continues right after its own last prompt token:
+
+    ids_BN = decoding.sample(model, params, prompt_ids_BP, prompt_lengths_B,
+                             max_new_tokens=50, rng=jax.random.key(0), top_k=40,
+                             temperature=0.8, eot_id=tokenizer.eot_id)
+"""
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def init_cache(model, batch_size: int, max_length: int) -> Any:
+  """An empty decoding cache for `batch_size` rows of up to `max_length` tokens.
+
+  Only shapes are traced: no parameters are made.
+  """
+  def make():
+    ids = jnp.zeros((batch_size, max_length), jnp.int32)
+    return model.init(jax.random.key(0), {'input_ids': ids}, decode=True)['cache']
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make))
+
+
+def choose_tokens(logits_BV: Array, rng: Array, step: int | Array, *, temperature: float,
+                  top_k: int) -> Array:
+  """Token `step` of each row: the argmax at temperature 0, else drawn with fold_in(rng, step)."""
+  if temperature == 0.0:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  logits_BV = logits_BV.astype(jnp.float32) / temperature
+  if top_k:
+    kth_B1 = jax.lax.top_k(logits_BV, min(top_k, logits_BV.shape[-1]))[0][:, -1:]
+    logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+  return jax.random.categorical(jax.random.fold_in(rng, step), logits_BV).astype(jnp.int32)
+
+
+def _last(logits_BLV: Array, index_B: Array) -> Array:
+  return jnp.take_along_axis(logits_BLV, index_B[:, None, None], axis=1)[:, 0]
+
+
+def _cached_steps(model, params, prompt_BP, lengths_B, max_new_tokens):
+  """The prompt goes through the cache in one call, then one token per call."""
+  B, P = prompt_BP.shape
+
+  def start():
+    cache = init_cache(model, B, P + max_new_tokens)
+    valid_BP = jnp.arange(P)[None] < lengths_B[:, None]
+    batch = {'input_ids': prompt_BP, 'segment_ids': valid_BP.astype(jnp.int32)}
+    out, variables = model.apply({'params': params, 'cache': cache}, batch, decode=True,
+                                 mutable=['cache'])
+    return _last(out['lm_logits'], lengths_B - 1), variables['cache']
+
+  def step(cache, token_B, t):
+    del t  # the cache knows where it is
+    out, variables = model.apply({'params': params, 'cache': cache},
+                                 {'input_ids': token_B[:, None]}, decode=True, mutable=['cache'])
+    return out['lm_logits'][:, -1], variables['cache']
+
+  return start, step
+
+
+def _uncached_steps(model, params, prompt_BP, lengths_B, max_new_tokens):
+  """The reference: every step recomputes the whole sequence (prompt + tokens so far)."""
+  B, P = prompt_BP.shape
+  rows_B = jnp.arange(B)
+
+  def logits_at(ids_BS, index_B):
+    return _last(model.apply({'params': params}, {'input_ids': ids_BS})['lm_logits'], index_B)
+
+  def start():
+    ids_BS = jnp.pad(jnp.where(jnp.arange(P)[None] < lengths_B[:, None], prompt_BP, 0),
+                     ((0, 0), (0, max_new_tokens)))
+    return logits_at(ids_BS, lengths_B - 1), ids_BS
+
+  def step(ids_BS, token_B, t):
+    # Generated token t - 1 sits right after its row's prompt and earlier tokens.
+    ids_BS = ids_BS.at[rows_B, lengths_B + t - 1].set(token_B)
+    return logits_at(ids_BS, lengths_B + t - 1), ids_BS
+
+  return start, step
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'model', 'max_new_tokens', 'temperature', 'top_k', 'eot_id', 'pad_id', 'use_cache'))
+def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
+           max_new_tokens: int, rng: Array, temperature: float = 0.0, top_k: int = 0,
+           eot_id: int | None = None, pad_id: int = 0, use_cache: bool = True) -> Array:
+  """Continues each prompt by max_new_tokens tokens (B, max_new_tokens), int32.
+
+  prompt_ids_BP: prompts right-padded to a common length P; prompt_lengths_B
+  (each >= 1) says how many tokens of each row are real. temperature 0 is
+  greedy; top_k 0 keeps the whole vocabulary. After a row generates eot_id,
+  its later tokens are pad_id. Step t draws with jax.random.fold_in(rng, t),
+  so the cached and uncached (use_cache=False, the reference) paths agree.
+  The cached path scores the whole prompt in one call (B, P, V logits), then
+  one token per call; the uncached one reruns all P + max_new_tokens positions.
+  """
+  B, P = prompt_ids_BP.shape
+  N = max_new_tokens
+  limit = getattr(getattr(model, 'config', None), 'max_position_embeddings', None)
+  if N < 1:
+    raise ValueError(f'max_new_tokens={N}: ask for at least one token.')
+  if limit is not None and P + N > limit:
+    raise ValueError(f'Prompt length {P} + max_new_tokens={N} exceeds max_position_embeddings='
+                     f'{limit}: shorten the prompts or generate fewer tokens.')
+  lengths_B = prompt_lengths_B.astype(jnp.int32)
+  steps: Callable = _cached_steps if use_cache else _uncached_steps
+  start, step = steps(model, params, prompt_ids_BP.astype(jnp.int32), lengths_B, N)
+  choose = functools.partial(choose_tokens, rng=rng, temperature=temperature, top_k=top_k)
+  finished = ((lambda tok_B: tok_B == eot_id) if eot_id is not None
+              else (lambda tok_B: jnp.zeros_like(tok_B, bool)))
+
+  logits_BV, state = start()
+  token_B = choose(logits_BV, step=0)
+  tokens_BN = jnp.full((B, N), pad_id, jnp.int32).at[:, 0].set(token_B)
+
+  def cond(carry):
+    t, _, _, done_B, _ = carry
+    return (t < N) & ~done_B.all()
+
+  def body(carry):
+    t, tokens_BN, token_B, done_B, state = carry
+    logits_BV, state = step(state, token_B, t)
+    token_B = jnp.where(done_B, pad_id, choose(logits_BV, step=t))
+    return t + 1, tokens_BN.at[:, t].set(token_B), token_B, done_B | finished(token_B), state
+
+  carry = (jnp.asarray(1), tokens_BN, token_B, finished(token_B), state)
+  return jax.lax.while_loop(cond, body, carry)[1]

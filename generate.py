@@ -1,0 +1,109 @@
+"""Continues prompts with a trained GPT, decoding with the KV cache (Radford et al. 2018).
+
+    python generate.py --workdir=runs/gpt_tiny --prompt="Return the"
+    python generate.py --workdir=runs/gpt_tiny --prompt="Return the" --prompt="The file" \
+        --temperature=0.8 --top_k=40 --max_new_tokens=60
+
+--temperature=0 (the default) decodes greedily; top_k=0 samples from the whole
+vocabulary. Several --prompt flags decode as one batch. Each prompt starts
+with the end-of-text token, as documents do in pretraining, and decoding stops
+at the next one. Works on a pretraining or a fine-tuning workdir.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+import checkpoints
+import decoding
+import input_pipeline
+import train
+from models import gpt
+
+
+def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, object]:
+  """The config, model, parameters (latest checkpoint) and tokenizer of a GPT workdir."""
+  path = os.path.join(workdir, 'config.json')
+  if not (os.path.isfile(path) and checkpoints.exist(workdir)):
+    raise ValueError(f'{workdir} holds no config.json and checkpoint: pass the --workdir of '
+                     'a GPT training run.')
+  with open(path, encoding='utf-8') as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if config.model_name != 'gpt':
+    raise ValueError(f'{workdir} trained {config.model_name!r}: generate.py samples from GPT '
+                     'runs (configs/gpt.py, configs/gpt_finetune.py).')
+  model = gpt.Model(train.model_config(config))
+  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), example)['params'])
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        jax.tree.map(lambda x: getattr(x, 'value', x), abstract,
+                                     is_leaf=lambda x: hasattr(x, 'value')))
+  params, new, _ = checkpoints.restore_params(workdir, target)
+  if new:
+    raise ValueError(f'The checkpoint in {workdir} lacks {", ".join(new)}: it does not match '
+                     'its config.json.')
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
+                                           saved_dir=workdir)
+  return config, model, params, tokenizer
+
+
+def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float,
+             top_k: int, seed: int) -> list[str]:
+  """Each prompt with its continuation, decoded to text."""
+  config, model, params, tokenizer = load_run(workdir)
+  ids = [[tokenizer.eot_id] + tokenizer.encode(p) for p in prompts]
+  longest = max(map(len, ids))
+  if longest + max_new_tokens > config.model.max_position_embeddings:
+    raise ValueError(f'A prompt of {longest} tokens plus --max_new_tokens={max_new_tokens} '
+                     f'exceeds the {config.model.max_position_embeddings} positions: shorten '
+                     'the prompt or lower --max_new_tokens.')
+  if temperature < 0 or top_k < 0:
+    raise ValueError('--temperature and --top_k must be 0 or more.')
+  prompt_BL = np.full((len(ids), longest), tokenizer.pad_id, np.int32)
+  for row, prompt in zip(prompt_BL, ids):
+    row[:len(prompt)] = prompt
+  lengths_B = np.array([len(p) for p in ids], np.int32)
+  tokens_BN = decoding.sample(model, params, prompt_BL, lengths_B,
+                              max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
+                              temperature=temperature, top_k=top_k, eot_id=tokenizer.eot_id)
+  texts = []
+  for prompt, row in zip(ids, np.asarray(tokens_BN)):
+    ends = np.flatnonzero(row == tokenizer.eot_id)
+    # Decoded together: byte-level BPE tokens carry their own leading spaces.
+    texts.append(tokenizer.decode(prompt[1:] + list(row[:ends[0]] if len(ends) else row)))
+  return texts
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  f = flags.FLAGS
+  if not f.workdir or not f.prompt:
+    sys.exit('generate.py: error: pass --workdir=DIR and --prompt="...".')
+  try:
+    texts = generate(f.workdir, f.prompt, max_new_tokens=f.max_new_tokens,
+                     temperature=f.temperature, top_k=f.top_k, seed=f.seed)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'generate.py: error: {e}')
+  for text in texts:
+    print(text, flush=True)
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('workdir', None, 'Workdir of a GPT training run.')
+  flags.DEFINE_multi_string('prompt', None, 'Text to continue; repeat for a batch.')
+  flags.DEFINE_integer('max_new_tokens', 50, 'Tokens to generate per prompt.')
+  flags.DEFINE_float('temperature', 0.0, 'Sampling temperature; 0 decodes greedily.')
+  flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens; 0 = all.')
+  flags.DEFINE_integer('seed', 0, 'Random seed of the sampling.')
+  app.run(main)

@@ -1,0 +1,629 @@
+"""GPT fine-tuning examples and their input transformations (Radford et al. 2018, sec. 3.3, fig. 1).
+
+Every task becomes C token sequences per example, each ending in the extract
+token whose final state feeds the linear head:
+
+  classification   [start] text [extract]                                  C = 1
+  entailment       [start] premise [delim] hypothesis [extract]            C = 1
+  similarity       [start] a [delim] b [extract], [start] b [delim] a [extract]   C = 2
+  multiple choice  [start] context [delim] answer_k [extract], k = 1..N    C = N
+
+Texts longer than data.max_seq_length lose tokens from their ends, one at a
+time from the longest text (the later one on ties); the specials always stay.
+
+Feature spec of a host-local batch (numpy, static shapes; B batch, C sequences
+per example, L = data.max_seq_length):
+
+  input_ids          int32   (B, C, L)  the sequences above, pad_id after them
+  segment_ids        int32   (B, C, L)  1 on the sequence's tokens, 0 on padding
+  positions          int32   (B, C, L)  0, 1, ... along the sequence, 0 on padding
+  targets            int32   (B, C, L)  the next token of the sequence, 0 where there is none
+  weights            float32 (B, C, L)  1 where targets is a real token of the sequence
+                                        (the auxiliary LM, sec. 3.2: every token after
+                                        [start], the delimiter and extract included)
+  extract_positions  int32   (B, C)     index of each sequence's extract token
+  labels             int32   (B,)       class or correct choice; float32 for regression
+  example_weights    float32 (B,)       1, or 0 for the padding of the last eval batch
+
+Tasks (TASKS): GLUE and SNLI from TFDS (downloaded when named), PIQA and
+HellaSwag for multiple choice, and four offline tasks made from the embedded
+corpus (input_pipeline/sources.py: standard-library docstrings), so that
+fine-tuning runs with no download. Each split of an offline task comes from
+that split's documents (document i is eval iff i % data.eval_holdout == 0),
+shuffled by a generator seeded with the task name and split, cut to
+data.max_examples, then given exactly balanced labels; a "random" sentence
+is drawn from another document of the same split, with a different text:
+
+  offline_shuffled  (classification) a sentence of at least 4 words, as
+                    written (label 1) or with its words shuffled (label 0):
+                    a CoLA-like acceptability task. Whitespace is normalized
+                    in both, so only word order tells them apart.
+  offline_next      (entailment) premise = a sentence, hypothesis = the next
+                    sentence of its document (label 1) or a random one (0).
+  offline_same_doc  (similarity) two sentences of the same document (1) or
+                    of different documents (0).
+  offline_cloze     (multiple choice, 4) context = up to 4 sentences, the
+                    answer is the sentence after them, the 3 distractors are
+                    random sentences; the answer's position is uniform over
+                    the 4 (the Story Cloze test's format, with 4 endings).
+
+Order and resume: every host loads and tokenizes all the examples of a split
+once (GLUE-sized tasks fit in memory as flat token arrays), then keeps its share.
+Training reshuffles them every epoch with a generator seeded by (seed,
+epoch); host i takes examples i, i + P, ... of that order (the last
+N mod P are left out, so hosts stay in step), and the position is
+{'epoch', 'offset'}. Eval reads its split in a fixed order, host i taking
+examples i, i + P, ...; a pass is `steps_per_epoch` batches on every host,
+the last one padded with example_weights 0, then it starts over.
+"""
+
+import dataclasses
+import itertools
+import math
+from typing import Sequence
+import zlib
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from input_pipeline import sources
+
+KINDS = ('classification', 'entailment', 'similarity', 'multiple_choice')
+# Random sentences are redrawn when they repeat a text they must differ from.
+_MAX_DRAWS = 100
+# example_batch's ids, the byte-level BPE layout; words from 5 on.
+_SYNTHETIC_PAD, _SYNTHETIC_START, _SYNTHETIC_DELIM, _SYNTHETIC_EXTRACT = 0, 2, 3, 4
+_NUM_SYNTHETIC_SPECIAL = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """Where a task's examples come from and how they become sequences (sec. 3.3)."""
+  kind: str  # one of KINDS
+  num_labels: int  # classes; 1 = regression; the number of answers for multiple choice
+  source: str = 'tfds'  # 'tfds' | 'offline'
+  tfds_name: str = ''
+  text_fields: tuple[str, ...] = ()  # 1 for classification, 2 for entailment and similarity
+  label_field: str = 'label'
+  train_split: str = 'train'
+  eval_split: str = 'validation'
+  # Multiple choice: the context fields are joined with a space; a choice
+  # field may hold one answer or a sequence of them.
+  context_fields: tuple[str, ...] = ()
+  choice_fields: tuple[str, ...] = ()
+
+  @property
+  def head(self) -> str:
+    """models/gpt.py's head: one score per sequence for multiple choice, else classes."""
+    return 'choice' if self.kind == 'multiple_choice' else 'classify'
+
+  @property
+  def num_choices(self) -> int:
+    """C, the sequences per example."""
+    return {'similarity': 2, 'multiple_choice': self.num_labels}.get(self.kind, 1)
+
+  @property
+  def regression(self) -> bool:
+    return self.num_labels == 1
+
+  @property
+  def fields(self) -> tuple[str, ...]:
+    return self.text_fields + self.context_fields + self.choice_fields + (self.label_field,)
+
+
+def _glue(kind: str, num_labels: int, config: str, *text_fields: str, **kwargs) -> Task:
+  # GLUE's test labels are hidden (-1): the validation split is the eval split.
+  return Task(kind, num_labels, tfds_name=f'glue/{config}', text_fields=text_fields, **kwargs)
+
+
+# Feature names checked against the TFDS 4.9.10 builders. Not here: Story
+# Cloze (TFDS 'story_cloze' needs a manual download), RACE (one TFDS example
+# holds all the questions of an article), ARC (3 to 5 answers per question).
+TASKS: dict[str, Task] = {
+    'sst2': _glue('classification', 2, 'sst2', 'sentence'),
+    'cola': _glue('classification', 2, 'cola', 'sentence'),
+    'mnli': _glue('entailment', 3, 'mnli', 'premise', 'hypothesis',
+                  eval_split='validation_matched'),
+    'mnli_mismatched': _glue('entailment', 3, 'mnli', 'premise', 'hypothesis',
+                             eval_split='validation_mismatched'),
+    'qnli': _glue('entailment', 2, 'qnli', 'question', 'sentence'),
+    'rte': _glue('entailment', 2, 'rte', 'sentence1', 'sentence2'),
+    # SNLI's label -1 marks pairs without a gold label; they are dropped.
+    'snli': Task('entailment', 3, tfds_name='snli', text_fields=('premise', 'hypothesis')),
+    'stsb': _glue('similarity', 1, 'stsb', 'sentence1', 'sentence2'),
+    'qqp': _glue('similarity', 2, 'qqp', 'question1', 'question2'),
+    'mrpc': _glue('similarity', 2, 'mrpc', 'sentence1', 'sentence2'),
+    'piqa': Task('multiple_choice', 2, tfds_name='piqa', context_fields=('goal',),
+                 choice_fields=('sol1', 'sol2')),
+    'hellaswag': Task('multiple_choice', 4, tfds_name='hellaswag', context_fields=('context',),
+                      choice_fields=('endings',)),
+    'offline_shuffled': Task('classification', 2, source='offline'),
+    'offline_next': Task('entailment', 2, source='offline'),
+    'offline_same_doc': Task('similarity', 2, source='offline'),
+    'offline_cloze': Task('multiple_choice', 4, source='offline'),
+}
+
+
+def task_spec(name: str) -> Task:
+  """The task called `name`, or a one-line error listing the tasks."""
+  if name not in TASKS:
+    raise ValueError(f'Unknown task {name!r}: set data.task to one of {", ".join(TASKS)}.')
+  return TASKS[name]
+
+
+def num_sequences(task: Task) -> int:
+  """C of the batch spec: 1, 2 for similarity, the number of answers for multiple choice."""
+  return task.num_choices
+
+
+# The input transformations (sec. 3.3, figure 1), on token-id lists.
+
+
+@dataclasses.dataclass(frozen=True)
+class Specials:
+  """Ids of the randomly initialized start, delimiter and extract tokens (sec. 3.3)."""
+  start: int
+  delim: int
+  extract: int
+
+  @classmethod
+  def of(cls, tokenizer) -> 'Specials':
+    return cls(tokenizer.start_id, tokenizer.delim_id, tokenizer.extract_id)
+
+
+def kept_lengths(lengths: Sequence[int], budget: int) -> list[int]:
+  """Lengths after removing one token at a time from the longest text (the later on ties)."""
+  if sum(lengths) <= budget:
+    return list(lengths)
+  # The removal levels the longest texts down to a cap c (the largest with
+  # sum(min(l, c)) <= budget); the tokens left over go to the earliest of them.
+  low, high = 0, max(lengths)
+  while low < high:
+    middle = (low + high + 1) // 2
+    if sum(min(length, middle) for length in lengths) <= budget:
+      low = middle
+    else:
+      high = middle - 1
+  kept = [min(length, low) for length in lengths]
+  spare = budget - sum(kept)
+  for i, length in enumerate(lengths):
+    if spare and length > low:
+      kept[i] += 1
+      spare -= 1
+  return kept
+
+
+def _truncated(texts: Sequence[list[int]], budget: int) -> list[list[int]]:
+  return [text[:kept] for text, kept in zip(texts, kept_lengths([len(t) for t in texts], budget))]
+
+
+def classification(text: list[int], specials: Specials, max_length: int) -> list[list[int]]:
+  """[start] text [extract]."""
+  (text,) = _truncated([text], max_length - 2)
+  return [[specials.start] + text + [specials.extract]]
+
+
+def entailment(premise: list[int], hypothesis: list[int], specials: Specials,
+               max_length: int) -> list[list[int]]:
+  """[start] premise [delim] hypothesis [extract]."""
+  premise, hypothesis = _truncated([premise, hypothesis], max_length - 3)
+  return [[specials.start] + premise + [specials.delim] + hypothesis + [specials.extract]]
+
+
+def similarity(a: list[int], b: list[int], specials: Specials,
+               max_length: int) -> list[list[int]]:
+  """Both orders, as the two texts have none: [start] a [delim] b [extract], then b before a."""
+  a, b = _truncated([a, b], max_length - 3)
+  return [[specials.start] + a + [specials.delim] + b + [specials.extract],
+          [specials.start] + b + [specials.delim] + a + [specials.extract]]
+
+
+def multiple_choice(context: list[int], answers: Sequence[list[int]], specials: Specials,
+                    max_length: int) -> list[list[int]]:
+  """[start] context [delim] answer_k [extract] for each answer k."""
+  sequences = []
+  for answer in answers:
+    kept_context, answer = _truncated([context, answer], max_length - 3)
+    sequences.append([specials.start] + kept_context + [specials.delim] + answer
+                     + [specials.extract])
+  return sequences
+
+
+def task_sequences(kind: str, texts: Sequence[list[int]], specials: Specials,
+                   max_length: int) -> list[list[int]]:
+  """The sequences of one example; texts are (text,), (a, b) or (context, *answers)."""
+  if kind == 'classification':
+    return classification(texts[0], specials, max_length)
+  if kind == 'entailment':
+    return entailment(texts[0], texts[1], specials, max_length)
+  if kind == 'similarity':
+    return similarity(texts[0], texts[1], specials, max_length)
+  return multiple_choice(texts[0], texts[1:], specials, max_length)
+
+
+def _num_specials(kind: str) -> int:
+  return 2 if kind == 'classification' else 3
+
+
+def validate(data_cfg: ml_collections.ConfigDict) -> Task:
+  """The configured task, after checking that its sequences fit, in one line naming the fix."""
+  task = task_spec(data_cfg.task)
+  needed = _num_specials(task.kind) + (1 if task.kind == 'classification' else 2)
+  if data_cfg.max_seq_length < needed:
+    raise ValueError(f'data.max_seq_length={data_cfg.max_seq_length} leaves no room for the '
+                     f'{task.kind} sequence of task {data_cfg.task!r} with its special '
+                     f'tokens: use {needed} or more.')
+  return task
+
+
+# Arrays.
+
+
+@dataclasses.dataclass
+class Examples:
+  """Tokenized examples: sequence (n, c) is tokens[starts[n, c]:][:lengths[n, c]]."""
+  tokens: np.ndarray  # int32, flat
+  starts: np.ndarray  # int64 (N, C)
+  lengths: np.ndarray  # int64 (N, C)
+  labels: np.ndarray  # int32 or float32 (N,)
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+
+def make_examples(sequences: Sequence[Sequence[list[int]]], labels: Sequence) -> Examples:
+  """Examples of per-example lists of C sequences."""
+  lengths = np.array([[len(s) for s in example] for example in sequences], np.int64)
+  flat = itertools.chain.from_iterable(itertools.chain.from_iterable(sequences))
+  tokens = np.fromiter(flat, np.int32, int(lengths.sum()))
+  starts = (np.cumsum(lengths.ravel()) - lengths.ravel()).reshape(lengths.shape)
+  labels = np.asarray(labels)
+  labels = labels.astype(np.float32 if labels.dtype.kind == 'f' else np.int32)
+  return Examples(tokens, starts, lengths, labels)
+
+
+def batch_arrays(examples: Examples, indices: np.ndarray, example_weights: np.ndarray,
+                 max_length: int, pad_id: int) -> dict[str, np.ndarray]:
+  """The batch of the spec above for examples[indices]."""
+  starts, lengths = examples.starts[indices], examples.lengths[indices]
+  col = np.arange(max_length)
+  real = col < lengths[..., None]
+  source = np.where(real, starts[..., None] + col, 0)
+  input_ids = np.where(real, examples.tokens[source] if examples.tokens.size else 0, pad_id)
+  has_next = (col < lengths[..., None] - 1) & (example_weights[:, None, None] > 0)
+  targets = np.where(has_next, np.roll(input_ids, -1, axis=-1), 0)
+  return {
+      'input_ids': input_ids.astype(np.int32),
+      'segment_ids': real.astype(np.int32),
+      'positions': np.where(real, col, 0).astype(np.int32),
+      'targets': targets.astype(np.int32),
+      'weights': has_next.astype(np.float32),
+      'extract_positions': (lengths - 1).astype(np.int32),
+      'labels': examples.labels[indices],
+      'example_weights': example_weights.astype(np.float32),
+  }
+
+
+# Loading.
+
+
+def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) -> Examples:
+  """All examples of the task's split, tokenized and transformed (sec. 3.3)."""
+  if split not in ('train', 'eval'):
+    raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
+  task = validate(data_cfg)
+  if task.source == 'offline':
+    texts, labels = offline_examples(data_cfg.task, data_cfg, split)
+  else:
+    texts, labels = tfds_examples(data_cfg.task, data_cfg, split)
+  if not labels:
+    raise ValueError(f'Task {data_cfg.task!r} has no {split!r} examples: check the dataset, '
+                     'or lower data.eval_holdout for an offline task.')
+  specials = Specials.of(tokenizer)
+  width = len(texts[0])
+  # One call: the tokenizer batches in Rust.
+  encoded = tokenizer.encode_batch([text for example in texts for text in example])
+  sequences = [task_sequences(task.kind, encoded[i * width:(i + 1) * width], specials,
+                              data_cfg.max_seq_length) for i in range(len(texts))]
+  return make_examples(sequences, labels)
+
+
+def _decoded(value) -> str:
+  return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
+
+
+def tfds_examples(name: str, data_cfg: ml_collections.ConfigDict,
+                  split: str) -> tuple[list[tuple[str, ...]], list]:
+  """(texts, label) of a TFDS task; texts are (text,), (a, b) or (context, *answers)."""
+  # Imported here: TensorFlow takes seconds to import and offline tasks do not need it.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  task = TASKS[name]
+  builder = tfds.builder(task.tfds_name, data_dir=data_cfg.tfds_data_dir or None)
+  features = builder.info.features
+  missing = [field for field in task.fields if field not in features]
+  if missing:
+    raise ValueError(f'TFDS dataset {task.tfds_name!r} has no feature {missing[0]!r} for task '
+                     f'{name!r} (it has {", ".join(features)}): fix TASKS[{name!r}] in '
+                     'input_pipeline/gpt_finetune.py.')
+  builder.download_and_prepare()
+  tfds_split = task.train_split if split == 'train' else task.eval_split
+  dataset = builder.as_dataset(split=tfds_split, shuffle_files=False)
+  texts, labels, unlabeled = [], [], 0
+  for example in tfds.as_numpy(dataset):
+    label = example[task.label_field]
+    if not task.regression:
+      label = int(label)
+      if label < 0:  # no gold label (SNLI), or a hidden test label
+        unlabeled += 1
+        continue
+      if label >= task.num_labels:
+        raise ValueError(f'Task {name!r} has {task.num_labels} labels but {task.tfds_name}:'
+                         f'{tfds_split} has label {label}: fix TASKS[{name!r}].')
+    if task.kind == 'multiple_choice':
+      answers = []
+      for field in task.choice_fields:
+        value = example[field]
+        answers += [_decoded(v) for v in value] if isinstance(value, np.ndarray) else [
+            _decoded(value)]
+      if len(answers) != task.num_labels:
+        raise ValueError(f'Task {name!r} expects {task.num_labels} answers but an example of '
+                         f'{task.tfds_name}:{tfds_split} has {len(answers)}: fix TASKS[{name!r}].')
+      context = ' '.join(_decoded(example[field]) for field in task.context_fields)
+      texts.append((context, *answers))
+    else:
+      texts.append(tuple(_decoded(example[field]) for field in task.text_fields))
+    labels.append(float(label) if task.regression else label)
+  if unlabeled:
+    logging.info('Dropped %d examples of %s:%s without a gold label.', unlabeled,
+                 task.tfds_name, tfds_split)
+  return texts, labels
+
+
+# Offline tasks from the embedded corpus.
+
+
+class _Corpus:
+  """The sentences of a split's documents, with the document of each."""
+
+  def __init__(self, documents: list[list[str]]):
+    self.sentences = [' '.join(s.split()) for document in documents for s in document]
+    self.doc_lengths = np.array([len(document) for document in documents], np.int64)
+    self.doc_starts = np.cumsum(self.doc_lengths) - self.doc_lengths
+    self.doc_of = np.repeat(np.arange(len(documents)), self.doc_lengths)
+
+  def document_range(self, i: int) -> tuple[int, int]:
+    doc = self.doc_of[i]
+    return int(self.doc_starts[doc]), int(self.doc_starts[doc] + self.doc_lengths[doc])
+
+  def other_document_sentence(self, i: int, rng: np.random.Generator,
+                              avoid: set[str]) -> str:
+    """A random sentence from another document than sentence i's, whose text is not in avoid."""
+    start, end = self.document_range(i)
+    for _ in range(_MAX_DRAWS):
+      j = int(rng.integers(len(self.sentences) - (end - start)))
+      j += (end - start) if j >= start else 0
+      if self.sentences[j] not in avoid:
+        return self.sentences[j]
+    raise ValueError('The embedded corpus split has too few distinct sentences for an offline '
+                     'task: lower data.eval_holdout.')
+
+
+def _balanced_labels(n: int, num_labels: int, rng: np.random.Generator) -> np.ndarray:
+  return rng.permutation(np.arange(n) % num_labels)
+
+
+def _capped(candidates: list, rng: np.random.Generator, max_examples: int) -> list:
+  order = rng.permutation(len(candidates))
+  if max_examples > 0:
+    order = order[:max_examples]
+  return [candidates[i] for i in order]
+
+
+def _shuffled_words(sentence: str, rng: np.random.Generator) -> str:
+  words = sentence.split()
+  for _ in range(_MAX_DRAWS):
+    shuffled = ' '.join(words[i] for i in rng.permutation(len(words)))
+    if shuffled != sentence:
+      return shuffled
+  raise AssertionError(f'no word order differs from {sentence!r}')  # candidates exclude these
+
+
+def _offline_shuffled(corpus: _Corpus, rng: np.random.Generator, max_examples: int):
+  # Distinct sentences (the corpus repeats some), with at least 2 distinct words to reorder.
+  candidates = [s for s in dict.fromkeys(corpus.sentences)
+                if len(s.split()) >= 4 and len(set(s.split())) > 1]
+  candidates = _capped(candidates, rng, max_examples)
+  labels = _balanced_labels(len(candidates), 2, rng)
+  texts = [(s if label else _shuffled_words(s, rng),) for s, label in zip(candidates, labels)]
+  return texts, labels
+
+
+def _offline_next(corpus: _Corpus, rng: np.random.Generator, max_examples: int):
+  candidates = [i for i in range(len(corpus.sentences) - 1)
+                if corpus.doc_of[i] == corpus.doc_of[i + 1]]
+  candidates = _capped(candidates, rng, max_examples)
+  labels = _balanced_labels(len(candidates), 2, rng)
+  texts = []
+  for i, label in zip(candidates, labels):
+    following = corpus.sentences[i + 1]
+    hypothesis = following if label else corpus.other_document_sentence(i, rng, {following})
+    texts.append((corpus.sentences[i], hypothesis))
+  return texts, labels
+
+
+def _offline_same_doc(corpus: _Corpus, rng: np.random.Generator, max_examples: int):
+  candidates = [i for i in range(len(corpus.sentences))
+                if corpus.doc_lengths[corpus.doc_of[i]] >= 2]
+  candidates = _capped(candidates, rng, max_examples)
+  labels = _balanced_labels(len(candidates), 2, rng)
+  texts = []
+  for i, label in zip(candidates, labels):
+    if label:
+      start, end = corpus.document_range(i)
+      j = start + int(rng.integers(end - start - 1))
+      j += j >= i
+      other = corpus.sentences[j]
+    else:
+      other = corpus.other_document_sentence(i, rng, {corpus.sentences[i]})
+    texts.append((corpus.sentences[i], other))
+  return texts, labels
+
+
+_CLOZE_CHOICES, _CLOZE_CONTEXT_SENTENCES = 4, 4
+
+
+def _offline_cloze(corpus: _Corpus, rng: np.random.Generator, max_examples: int):
+  candidates = [i for i in range(1, len(corpus.sentences))
+                if corpus.doc_of[i] == corpus.doc_of[i - 1]]
+  candidates = _capped(candidates, rng, max_examples)
+  labels = _balanced_labels(len(candidates), _CLOZE_CHOICES, rng)
+  texts = []
+  for i, label in zip(candidates, labels):
+    start, _ = corpus.document_range(i)
+    context = ' '.join(corpus.sentences[max(start, i - _CLOZE_CONTEXT_SENTENCES):i])
+    answers, avoid = [], {corpus.sentences[i]}
+    for _ in range(_CLOZE_CHOICES - 1):
+      answers.append(corpus.other_document_sentence(i, rng, avoid))
+      avoid.add(answers[-1])
+    answers.insert(int(label), corpus.sentences[i])
+    texts.append((context, *answers))
+  return texts, labels
+
+
+_OFFLINE = {
+    'offline_shuffled': _offline_shuffled,
+    'offline_next': _offline_next,
+    'offline_same_doc': _offline_same_doc,
+    'offline_cloze': _offline_cloze,
+}
+
+
+def corpus_config(data_cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The data config of the embedded corpus that the offline tasks are made from."""
+  return ml_collections.ConfigDict({
+      'source': 'embedded', 'data_dir': data_cfg.data_dir,
+      'eval_holdout': data_cfg.eval_holdout, 'files': '', 'eval_files': ''})
+
+
+def offline_examples(name: str, data_cfg: ml_collections.ConfigDict,
+                     split: str) -> tuple[list[tuple[str, ...]], list]:
+  """(texts, label) of an offline task, a pure function of the corpus and the config."""
+  documents = list(sources.documents(corpus_config(data_cfg), split))
+  if len(documents) < 2:
+    raise ValueError(f'The {split!r} split of the embedded corpus has {len(documents)} '
+                     'document: offline tasks draw from others; lower data.eval_holdout.')
+  rng = np.random.default_rng([zlib.crc32(name.encode()), split == 'eval'])
+  texts, labels = _OFFLINE[name](_Corpus(documents), rng, data_cfg.max_examples)
+  return texts, [int(label) for label in labels]
+
+
+# Iteration.
+
+
+class FinetuneIterator:
+  """Host-local batches of one task's split, exactly resumable (sec. 3.3)."""
+
+  def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
+    self._examples = load_examples(data_cfg, split, tokenizer)
+    self._max_length, self._pad_id = data_cfg.max_seq_length, tokenizer.pad_id
+    self._batch_size, self._seed = batch_size, seed
+    self._process_index, self._process_count = process_index, process_count
+    self._is_eval = split == 'eval'
+    num_examples = len(self._examples)
+    logging.info('Task %s, split %s: %d examples.', data_cfg.task, split, num_examples)
+    if self._is_eval:
+      self._host_indices = np.arange(process_index, num_examples, process_count)
+      per_host = math.ceil(num_examples / process_count)
+      self.steps_per_epoch = math.ceil(per_host / batch_size)
+    else:
+      # The last N mod P are left out of each epoch, so every host has as many.
+      self._per_host = num_examples // process_count
+      if self._per_host == 0:
+        raise ValueError(f'Task {data_cfg.task!r} has {num_examples} training examples, fewer '
+                         f'than the {process_count} hosts: use a larger task.')
+    self._order_epoch, self._order = None, None
+    self.set_state({'epoch': 0, 'offset': 0})
+
+  @property
+  def num_examples(self) -> int:
+    """Examples of the split, all hosts together."""
+    return len(self._examples)
+
+  def get_state(self) -> dict[str, int]:
+    """Position after the last returned batch, JSON-serializable."""
+    return {'epoch': self._epoch, 'offset': self._offset}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    self._epoch, self._offset = int(state['epoch']), int(state['offset'])
+
+  def __iter__(self) -> 'FinetuneIterator':
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._is_eval:
+      indices, example_weights = self._eval_indices()
+    else:
+      indices, example_weights = self._train_indices(), np.ones(self._batch_size, np.float32)
+    return batch_arrays(self._examples, indices, example_weights, self._max_length,
+                        self._pad_id)
+
+  def _epoch_order(self, epoch: int) -> np.ndarray:
+    """This host's examples in epoch `epoch`."""
+    if self._order_epoch != epoch:
+      permutation = np.random.default_rng([self._seed, epoch]).permutation(len(self._examples))
+      used = permutation[:self._per_host * self._process_count]
+      self._order_epoch, self._order = epoch, used[self._process_index::self._process_count]
+    return self._order
+
+  def _train_indices(self) -> np.ndarray:
+    pieces, needed = [], self._batch_size
+    while needed:
+      if self._offset >= self._per_host:
+        self._epoch, self._offset = self._epoch + 1, 0
+      taken = self._epoch_order(self._epoch)[self._offset:self._offset + needed]
+      pieces.append(taken)
+      self._offset += len(taken)
+      needed -= len(taken)
+    return np.concatenate(pieces)
+
+  def _eval_indices(self) -> tuple[np.ndarray, np.ndarray]:
+    """The next eval batch; positions past this host's examples repeat one, with weight 0."""
+    if self._offset >= self.steps_per_epoch * self._batch_size:
+      self._offset = 0
+    positions = self._offset + np.arange(self._batch_size)
+    self._offset += self._batch_size
+    host = self._host_indices if len(self._host_indices) else np.zeros(1, np.int64)
+    real = positions < len(self._host_indices)
+    indices = np.where(real, host[np.minimum(positions, len(host) - 1)], host[0])
+    return indices, real.astype(np.float32)
+
+
+def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer, batch_size: int,
+                 seed: int, process_index: int = 0, process_count: int = 1) -> FinetuneIterator:
+  """Batches of data.task's `split` ('train' endless and reshuffled, 'eval' in passes)."""
+  return FinetuneIterator(data_cfg, split, tokenizer=tokenizer, batch_size=batch_size, seed=seed,
+                          process_index=process_index, process_count=process_count)
+
+
+def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int,
+                  batch_size: int) -> dict[str, np.ndarray]:
+  """A random batch of data.task's spec; ids 0..4 are pad, eot, start, delim, extract."""
+  task = validate(data_cfg)
+  rng = np.random.default_rng(0)
+  specials = Specials(_SYNTHETIC_START, _SYNTHETIC_DELIM, _SYNTHETIC_EXTRACT)
+  num_texts = {'classification': 1, 'multiple_choice': 1 + task.num_labels}.get(task.kind, 2)
+  sequences = []
+  for _ in range(batch_size):
+    texts = [rng.integers(_NUM_SYNTHETIC_SPECIAL, vocab_size,
+                          int(rng.integers(1, data_cfg.max_seq_length))).tolist()
+             for _ in range(num_texts)]
+    sequences.append(task_sequences(task.kind, texts, specials, data_cfg.max_seq_length))
+  if task.regression:
+    labels = rng.uniform(0.0, 5.0, batch_size).astype(np.float32)
+  else:
+    labels = rng.integers(0, task.num_labels, batch_size)
+  examples = make_examples(sequences, labels)
+  return batch_arrays(examples, np.arange(batch_size), np.ones(batch_size, np.float32),
+                      data_cfg.max_seq_length, _SYNTHETIC_PAD)

@@ -1,0 +1,93 @@
+"""Tests of the next-token LM objective (Radford et al. 2018, sec. 3.1, eq. 1)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from objectives import lm
+
+# Softmax of log([1, 2, 5]) is [1/8, 2/8, 5/8].
+LOGITS = np.log(np.array([1.0, 2.0, 5.0], np.float32))
+
+
+def tiny_batch():
+  """One row of 4 positions: targets 2, 0, 1 weighted, the last is padding."""
+  logits = np.stack([LOGITS, LOGITS, LOGITS, np.zeros(3, np.float32)])[None]  # (1, 4, 3)
+  batch = {'targets': np.array([[2, 0, 1, 0]], np.int32),
+           'weights': np.array([[1, 1, 1, 0]], np.float32)}
+  return {'lm_logits': jnp.asarray(logits)}, batch
+
+
+def test_hand_computed_loss_and_accuracy():
+  outputs, batch = tiny_batch()
+  loss, metrics = lm.loss_fn(outputs, batch)
+  want = -(math.log(5 / 8) + math.log(1 / 8) + math.log(2 / 8)) / 3
+  np.testing.assert_allclose(float(loss), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(metrics['lm_loss']), [3 * want, 3], rtol=1e-6)
+  # argmax is class 2 everywhere: only the first target is right.
+  np.testing.assert_allclose(np.asarray(metrics['lm_accuracy']), [1, 3])
+  np.testing.assert_allclose(np.asarray(metrics['loss']), [want, 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize('garbage', [1e30, -1e30, np.inf, np.nan])
+def test_padding_changes_nothing_even_with_garbage_logits(garbage):
+  outputs, batch = tiny_batch()
+  clean_loss, clean = lm.loss_fn(outputs, batch)
+  logits = outputs['lm_logits'].at[0, 3].set(jnp.array([garbage, -garbage, 0.0]))
+  targets = batch['targets'].copy()
+  targets[0, 3] = 1  # a target there too: its weight alone must keep it out
+  loss, metrics = lm.loss_fn({'lm_logits': logits}, {**batch, 'targets': targets})
+  assert float(loss) == float(clean_loss)
+  for name in metrics:
+    np.testing.assert_array_equal(np.asarray(metrics[name]), np.asarray(clean[name]), name)
+
+
+def test_padding_gets_no_gradient():
+  outputs, batch = tiny_batch()
+  logits = outputs['lm_logits'].at[0, 3].set(jnp.array([1e4, -1e4, 3.0]))
+  grad = jax.grad(lambda x: lm.loss_fn({'lm_logits': x}, batch)[0])(logits)
+  assert np.isfinite(np.asarray(grad)).all()
+  np.testing.assert_array_equal(np.asarray(grad[0, 3]), 0.0)
+  # d loss / d logits = (softmax - onehot) / count at the weighted positions.
+  want = (np.array([1, 2, 5]) / 8 - np.eye(3)[[2, 0, 1]]) / 3
+  np.testing.assert_allclose(np.asarray(grad[0, :3]), want, atol=1e-6)
+
+
+def test_weights_scale_their_targets():
+  outputs, batch = tiny_batch()
+  batch['weights'] = np.array([[2, 1, 0, 0]], np.float32)  # the first counts twice
+  loss, metrics = lm.loss_fn(outputs, batch)
+  want = -(2 * math.log(5 / 8) + math.log(1 / 8)) / 3
+  np.testing.assert_allclose(float(loss), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(metrics['lm_accuracy']), [2, 3])
+
+
+def test_summarize_gives_means_and_perplexity_exp_loss():
+  """Totals over steps: per-token means, and perplexity = exp(mean token NLL)."""
+  outputs, batch = tiny_batch()
+  _, step1 = lm.loss_fn(outputs, batch)
+  batch2 = {'targets': np.array([[2, 2, 2, 2]], np.int32), 'weights': np.ones((1, 4), np.float32)}
+  _, step2 = lm.loss_fn(outputs, batch2)
+  totals = {k: np.asarray(step1[k]) + np.asarray(step2[k]) for k in step1}
+  summary = lm.summarize(totals)
+  nll = -(math.log(5 / 8) + math.log(1 / 8) + math.log(2 / 8) + 3 * math.log(5 / 8)
+          + math.log(1 / 3))
+  np.testing.assert_allclose(summary['lm_loss'], nll / 7, rtol=1e-6)
+  np.testing.assert_allclose(summary['lm_perplexity'], math.exp(nll / 7), rtol=1e-6)
+  np.testing.assert_allclose(summary['lm_accuracy'], 4 / 7, rtol=1e-6)
+  assert list(summary)[:4] == ['loss', 'lm_loss', 'lm_accuracy', 'lm_perplexity']
+
+
+def test_loss_is_jittable_over_any_leading_shape():
+  """(B, C, L, V) logits, as GPT's multiple-choice inputs give, reduce like (B*C*L, V)."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, (2, 3, 5)).astype(np.int32)
+  weights = (rng.random((2, 3, 5)) < 0.7).astype(np.float32)
+  loss = jax.jit(lm.loss_fn)({'lm_logits': logits}, {'targets': targets, 'weights': weights})[0]
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(loss), (nll * weights).sum() / weights.sum(), rtol=1e-5)
