@@ -3,10 +3,11 @@
 import os
 from typing import Any
 
+from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
 
 def _directory(workdir: str) -> str:
@@ -72,7 +73,7 @@ def restore_params(workdir: str, target_params: Any) -> tuple[Any, list[str], li
     raise ValueError(f'{workdir} has no checkpoint: point config.init_from (or --workdir) at the '
                      'workdir of a finished run.')
   item = os.path.join(directory, str(steps[-1]), 'state')
-  saved = ocp.StandardCheckpointer().metadata(item).item_metadata.tree['params']
+  saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree['params']
   saved_shapes = {_path_name(p): tuple(m.shape)
                   for p, m in jax.tree_util.tree_flatten_with_path(saved)[0]}
   target, treedef = jax.tree_util.tree_flatten_with_path(target_params)

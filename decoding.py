@@ -33,14 +33,20 @@ def init_cache(model, batch_size: int, max_length: int) -> Any:
 
 def choose_tokens(logits_BV: Array, rng: Array, step: int | Array, *, temperature: float,
                   top_k: int) -> Array:
-  """Token `step` of each row: the argmax at temperature 0, else drawn with fold_in(rng, step)."""
+  """Token `step` of each row: the argmax at temperature 0, else drawn with fold_in(rng, step).
+
+  top_k draws among exactly the k indices of jax.lax.top_k (the lower index first on
+  ties), not among every token tied with the k-th logit, so top_k=1 is the argmax.
+  """
   if temperature == 0.0:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   logits_BV = logits_BV.astype(jnp.float32) / temperature
-  if top_k:
-    kth_B1 = jax.lax.top_k(logits_BV, min(top_k, logits_BV.shape[-1]))[0][:, -1:]
-    logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
-  return jax.random.categorical(jax.random.fold_in(rng, step), logits_BV).astype(jnp.int32)
+  key = jax.random.fold_in(rng, step)
+  if not top_k:
+    return jax.random.categorical(key, logits_BV).astype(jnp.int32)
+  values_BK, indices_BK = jax.lax.top_k(logits_BV, min(top_k, logits_BV.shape[-1]))
+  choice_B = jax.random.categorical(key, values_BK)
+  return jnp.take_along_axis(indices_BK, choice_B[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
 def _last(logits_BLV: Array, index_B: Array) -> Array:
@@ -109,6 +115,9 @@ def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
   limit = getattr(getattr(model, 'config', None), 'max_position_embeddings', None)
   if N < 1:
     raise ValueError(f'max_new_tokens={N}: ask for at least one token.')
+  if temperature < 0 or top_k < 0:
+    raise ValueError(f'temperature={temperature}, top_k={top_k}: use temperature >= 0 (0 is '
+                     'greedy) and top_k >= 0 (0 keeps the whole vocabulary).')
   if limit is not None and P + N > limit:
     raise ValueError(f'Prompt length {P} + max_new_tokens={N} exceeds max_position_embeddings='
                      f'{limit}: shorten the prompts or generate fewer tokens.')

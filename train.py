@@ -84,13 +84,12 @@ def validate(config, mesh) -> None:
                      f'train.num_steps={tc.num_steps}: lower the warmup.')
   if config.model.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     raise ValueError(f'model.dtype={config.model.dtype!r}: use auto, float32, bfloat16 or float16.')
+  input_pipeline.check_config(config)
   if tc.eval_steps < 0:
     raise ValueError(f'train.eval_steps={tc.eval_steps}: use 0 for one pass of the eval split '
                      'or the number of eval batches.')
   if config.optimizer.get('schedule', 'linear') not in ('linear', 'cosine'):
     raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use linear or cosine.')
-  if config.get('init_from'):
-    check_init_from(config)
   if dp % jax.process_count():
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
                      f'{jax.process_count()} hosts, so hosts would share batch shards: '
@@ -102,8 +101,11 @@ _SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_di
                  'max_position_embeddings', 'type_vocab_size', 'scan_layers')
 
 
-def check_init_from(config) -> None:
+def check_init_from(config, workdir: str) -> None:
   """config.init_from names a finished run whose model this config can start from."""
+  if os.path.abspath(config.init_from) == os.path.abspath(workdir):
+    raise ValueError('config.init_from is the workdir itself: give the fine-tuning run a '
+                     'workdir of its own.')
   saved_config = os.path.join(config.init_from, 'config.json')
   if not (checkpoints.exist(config.init_from) and os.path.isfile(saved_config)):
     raise ValueError(f'config.init_from={config.init_from!r} holds no checkpoint and '
@@ -119,7 +121,9 @@ def check_init_from(config) -> None:
     theirs = saved[part].get(field)
     if theirs != config[part][field]:
       raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
-                       f'config.init_from has {theirs}: set --config.{part}.{field}={theirs}.')
+                       f'config.init_from has {theirs}: pick the size it was trained with '
+                       f'(e.g. configs/gpt_finetune.py:<task>,tiny) or set '
+                       f'--config.{part}.{field}={theirs}.')
 
 
 # ----------------------------------------------------------------------------
@@ -127,17 +131,20 @@ def check_init_from(config) -> None:
 # ----------------------------------------------------------------------------
 
 def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """A linear warmup, then linear decay to 0 (BERT's run_pretraining: lr * (1 - step / num_steps))
-  or a cosine from the end of the warmup to 0 (GPT pretraining, Radford et al. 2018 sec. 4.1)."""
+  """Linear warmup, then linear (BERT sec. A.2) or cosine (GPT sec. 4.1) decay to 0.
+
+  Both as the reference code computes them over the whole run: BERT's
+  lr * (1 - step / num_steps), OpenAI's lr * (1 + cos(pi * step / num_steps)) / 2.
+  """
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
   cosine = opt_cfg.get('schedule', 'linear') == 'cosine'
 
   def schedule(step):
+    done = jnp.minimum(step, num_steps) / num_steps
     if cosine:
-      done = jnp.clip((step - warmup) / max(num_steps - warmup, 1), 0.0, 1.0)
       decayed = lr * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
     else:
-      decayed = lr * (1.0 - jnp.minimum(step, num_steps) / num_steps)
+      decayed = lr * (1.0 - done)
     return jnp.where(step < warmup, lr * step / max(warmup, 1), decayed)
   return schedule
 
@@ -330,8 +337,11 @@ def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Call
 
 def setup(config, workdir: str, mesh) -> Run:
   """Checks, data, model and state (restored if the workdir has a checkpoint)."""
-  # Checks, before any data is read or anything compiled.
+  # Checks, before any data is read or anything compiled. A resumed run needs
+  # nothing from init_from any more (it may have been moved).
   validate(config, mesh)
+  if config.get('init_from') and not checkpoints.exist(workdir):
+    check_init_from(config, workdir)
   os.makedirs(workdir, exist_ok=True)
 
   # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now,

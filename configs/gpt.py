@@ -75,6 +75,7 @@ def data_config(v: dict) -> ml_collections.ConfigDict:
 
 def optimizer_config(learning_rate: float, warmup_steps: int,
                      schedule: str) -> ml_collections.ConfigDict:
+  """Adam with decoupled weight decay as in OpenAI's code (sec. 4.1)."""
   optimizer = ml_collections.ConfigDict()
   optimizer.learning_rate = learning_rate
   optimizer.warmup_steps = warmup_steps

@@ -39,6 +39,21 @@ def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
   return importlib.import_module(f'input_pipeline.{data_cfg.pipeline}')
 
 
+# Pipelines whose eval iterator knows the length of one pass (train.eval_steps=0).
+_EVAL_PASS = ('gpt_finetune',)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Rejects a config whose model or train fields cannot work with its pipeline, in one line."""
+  module = _pipeline(config.data)
+  if config.train.eval_steps == 0 and config.data.pipeline not in _EVAL_PASS:
+    raise ValueError(f'train.eval_steps=0 (one eval pass) needs a pipeline with a fixed eval '
+                     f'split ({", ".join(_EVAL_PASS)}): set train.eval_steps to a number of '
+                     'batches.')
+  if hasattr(module, 'check_config'):
+    module.check_config(config)
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
   """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one."""

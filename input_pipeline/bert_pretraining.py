@@ -274,6 +274,8 @@ def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:
   mask_prob, random_prob = data_cfg.mask_token_prob, data_cfg.random_token_prob
   chunked.validate(
       data_cfg, batch_size,
+      (data_cfg.tokenizer == 'wordpiece', f'config.data.tokenizer={data_cfg.tokenizer!r}: BERT '
+       "needs [CLS], [SEP] and [MASK]; use --config.data.tokenizer=wordpiece."),
       (length >= 5, f'config.data.max_seq_length={length} leaves no room for '
        '[CLS] A [SEP] B [SEP]: use 5 or more.'),
       (1 <= predictions <= length, f'config.data.max_predictions_per_seq={predictions} '

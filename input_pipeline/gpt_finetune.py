@@ -148,13 +148,24 @@ TASKS: dict[str, Task] = {
 def task_spec(name: str) -> Task:
   """The task called `name`, or a one-line error listing the tasks."""
   if name not in TASKS:
-    raise ValueError(f'Unknown task {name!r}: set data.task to one of {", ".join(TASKS)}.')
+    raise ValueError(f'Unknown task {name!r}: use --config=configs/gpt_finetune.py:<task>[,size] '
+                     f'with one of {", ".join(TASKS)}.')
   return TASKS[name]
 
 
-def num_sequences(task: Task) -> int:
-  """C of the batch spec: 1, 2 for similarity, the number of answers for multiple choice."""
-  return task.num_choices
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """A one-line ValueError unless the model's head and the batch shape are config.data.task's."""
+  # An override of data.task alone would train the wrong head on the wrong batch shape.
+  task = task_spec(config.data.task)
+  wanted = {'model.num_labels': task.num_labels, 'model.head': task.head,
+            'data.num_choices': task.num_choices}
+  have = {'model.num_labels': config.model.get('num_labels'),
+          'model.head': config.model.get('head'),
+          'data.num_choices': config.data.get('num_choices')}
+  if have != wanted:
+    needs = ', '.join(f'{k}={v}' for k, v in wanted.items())
+    raise ValueError(f'config.data.task={config.data.task} needs {needs}: choose the task with '
+                     f'--config=configs/gpt_finetune.py:{config.data.task}[,size].')
 
 
 # The input transformations (sec. 3.3, figure 1), on token-id lists.
@@ -346,7 +357,7 @@ def tfds_examples(name: str, data_cfg: ml_collections.ConfigDict,
     raise ValueError(f'TFDS dataset {task.tfds_name!r} has no feature {missing[0]!r} for task '
                      f'{name!r} (it has {", ".join(features)}): fix TASKS[{name!r}] in '
                      'input_pipeline/gpt_finetune.py.')
-  builder.download_and_prepare()
+  sources.prepare_tfds(builder)
   tfds_split = task.train_split if split == 'train' else task.eval_split
   dataset = builder.as_dataset(split=tfds_split, shuffle_files=False)
   texts, labels, unlabeled = [], [], 0

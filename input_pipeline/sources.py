@@ -25,6 +25,8 @@ import time
 from typing import Iterable, Iterator
 
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
 import ml_collections
 
 from input_pipeline import tokenizer as tokenizer_lib
@@ -139,6 +141,26 @@ def _read_documents(paths: list[str]) -> Iterator[Document]:
 # TFDS.
 
 
+def prepare_tfds(builder) -> None:
+  """Downloads and prepares a TFDS builder's data on process 0 only; the other hosts wait for it.
+
+  The hosts share tfds_data_dir, and several of them writing one dataset
+  there at once would race on its files.
+  """
+  if jax.process_index() == 0:
+    builder.download_and_prepare()
+  if jax.process_count() == 1:
+    return
+  multihost_utils.sync_global_devices(f'prepare_tfds {builder.info.full_name}')
+  if jax.process_index() != 0:
+    if builder.data_path.exists():
+      # This builder was made before the data existed: it lacks the split sizes.
+      builder.info.read_from_directory(builder.data_dir)
+    else:
+      # tfds_data_dir is local to each host (not shared): each prepares its own copy.
+      builder.download_and_prepare()
+
+
 def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
                     process_index: int, process_count: int) -> Iterator[Document]:
   """Documents of a TFDS text dataset; each host reads a contiguous slice."""
@@ -154,7 +176,7 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
     raise ValueError(
         f'TFDS dataset {data_cfg.tfds_name!r} has no feature {feature!r}: set '
         f'data.tfds_text_feature to one of {", ".join(builder.info.features)}.')
-  builder.download_and_prepare()
+  prepare_tfds(builder)
   host_splits = tfds.even_splits(tfds_split, n=process_count)
   dataset = builder.as_dataset(split=host_splits[process_index],
                                shuffle_files=False)
@@ -337,7 +359,11 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                      "'wordpiece' (BERT) or 'bpe' (GPT, byte-level).")
   tokenizer_class = TOKENIZERS[kind]
   file_name = tokenizer_class.FILE_NAME
-  if saved_dir and os.path.isfile(os.path.join(saved_dir, file_name)):
+  if saved_dir:
+    # Never a new vocabulary here: its ids would not mean what they meant in training.
+    if not os.path.isfile(os.path.join(saved_dir, file_name)):
+      raise ValueError(f'{saved_dir} has no {file_name}: it was not trained with '
+                       f'data.tokenizer={kind!r}; set data.tokenizer to match its config.json.')
     return tokenizer_class(os.path.join(saved_dir, file_name), data_cfg.lower_case)
   if data_cfg.vocab_file:
     if not os.path.isfile(data_cfg.vocab_file):

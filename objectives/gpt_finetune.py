@@ -8,10 +8,18 @@ the task sequences (objectives/lm.py), the auxiliary LM that "improves
 generalization of the supervised model and accelerates convergence".
 Padding examples (example_weights 0) count in neither.
 
+L1 averages as OpenAI's finetune-transformer-lm does (train.py, `model`):
+the mean NLL of each sequence's weighted tokens, then the mean over the
+sequences of the batch (each of the C sequences of an example is one), so
+a short sequence weighs as much as a long one. The 'lm_loss' metric is the
+per-token mean instead, for a perplexity.
+
 Metrics are (sum, count) pairs that add up across devices and steps; the
-binary confusion counts (label 1 is the positive class) and the sums of the
-Pearson correlation are sufficient statistics, so `summarize` gives the F1,
-Matthews correlation and Pearson correlation of a whole eval pass.
+'loss' pair is weighted by the batch's real examples, so a padded last eval
+batch counts for what it holds. The binary confusion counts (label 1 is the
+positive class) and the sums of the Pearson correlation are sufficient
+statistics, so `summarize` gives the F1, Matthews correlation and Pearson
+correlation of a whole eval pass.
 """
 
 from typing import Mapping
@@ -69,11 +77,19 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   if 'lm_logits' in outputs:
     # The padding examples' tokens are out of the LM too.
     lm_weights = batch['weights'] * weights_B.reshape((-1,) + (1,) * (batch['weights'].ndim - 1))
-    nll, count, _ = lm.token_stats(outputs['lm_logits'], batch['targets'], lm_weights)
-    metrics['lm_loss'] = lm.pair(nll, count)
+    # One row per sequence S = B * C: (nll, count) of each sequence.
+    length, vocab = outputs['lm_logits'].shape[-2:]
+    nll_S, count_S, _ = jax.vmap(lm.token_stats)(
+        outputs['lm_logits'].reshape(-1, length, vocab), batch['targets'].reshape(-1, length),
+        lm_weights.reshape(-1, length))
+    metrics['lm_loss'] = lm.pair(nll_S.sum(), count_S.sum())
     if lm_coef:  # a Python float: lm_coef = 0 leaves L1 out of the graph of the loss
-      loss = loss + lm_coef * nll / jnp.maximum(count, 1.0)
-  metrics['loss'] = lm.pair(loss, 1.0)
+      # Padding examples' sequences have no weighted token and are not counted.
+      counted_S = count_S > 0
+      sequence_nll_S = jnp.where(counted_S, nll_S / jnp.maximum(count_S, 1e-6), 0.0)
+      num_sequences = counted_S.sum()
+      loss = loss + lm_coef * sequence_nll_S.sum() / jnp.maximum(num_sequences, 1)
+  metrics['loss'] = lm.pair(loss * num_examples, num_examples)
   return loss, metrics
 
 

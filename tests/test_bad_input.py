@@ -9,10 +9,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train(tmp_path, *overrides, devices=4):
+def run_train(tmp_path, *overrides, devices=4, config='configs/bert_base.py:tiny'):
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
              JAX_PLATFORMS='cpu')
-  args = [sys.executable, 'train.py', '--config=configs/bert_base.py:tiny',
+  args = [sys.executable, 'train.py', f'--config={config}',
           f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={tmp_path / "data"}',
           *overrides]
   return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -68,3 +68,20 @@ def test_empty_source(tmp_path):
   line = error_line(run_train(tmp_path, '--config.data.source=files',
                               f'--config.data.files={empty}'))
   assert "gives no 'train' documents" in line, line
+
+
+@pytest.mark.parametrize('config,overrides,expected', [
+    ('configs/gpt_finetune.py:nosuch,tiny', (), "Unknown task 'nosuch'"),
+    ('configs/gpt_finetune.py:sst2,huge', (), "Unknown size 'huge'"),
+    ('configs/gpt_finetune.py:offline_shuffled,tiny', ('--config.init_from=/nonexistent',),
+     'holds no checkpoint'),
+    ('configs/gpt.py:tiny', ('--config.data.tokenizer=sentencepiece',),
+     "Unknown data.tokenizer 'sentencepiece'"),
+    ('configs/gpt.py:tiny', ('--config.optimizer.schedule=step',), 'use linear or cosine'),
+    ('configs/gpt.py:tiny', ('--config.model.head=pool',), "model.head='pool'"),
+    ('configs/gpt.py:tiny', ('--config.data.pipeline=bilm',), "Unknown data.pipeline 'bilm'"),
+])
+def test_gpt_config_errors(tmp_path, config, overrides, expected):
+  line = error_line(run_train(tmp_path, *overrides, config=config))
+  assert expected in line, line
+  assert not os.path.exists(tmp_path / 'run' / 'checkpoints')

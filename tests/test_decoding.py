@@ -113,6 +113,29 @@ def test_top1_is_greedy():
   assert not np.array_equal(_sample(model, params, True, temperature=2.0), greedy)
 
 
+def test_top_k_draws_among_exactly_k_tokens_even_with_ties():
+  # Four tied tokens: top_k=1 is the argmax (token 0), top_k=2 draws only tokens 0 and 1.
+  logits = jnp.tile(jnp.array([[1.0, 1.0, 1.0, 1.0, 0.0]]), (256, 1))
+  rng = jax.random.key(0)
+  for step in range(4):
+    top1 = decoding.choose_tokens(logits, rng, step, temperature=1.0, top_k=1)
+    np.testing.assert_array_equal(top1, np.zeros(256, np.int32))
+    top2 = np.asarray(decoding.choose_tokens(logits, rng, step, temperature=1.0, top_k=2))
+    assert set(top2.tolist()) == {0, 1}
+  # k above the vocabulary keeps all of it.
+  wide = np.asarray(decoding.choose_tokens(logits, rng, 0, temperature=1.0, top_k=99))
+  assert set(wide.tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_negative_temperature_or_top_k_is_refused():
+  model = _model()
+  params = _params(model)
+  for how in (dict(temperature=-1.0), dict(temperature=1.0, top_k=-1)):
+    with pytest.raises(ValueError, match='use temperature >= 0') as error:
+      _sample(model, params, True, **how)
+    assert '\n' not in str(error.value)
+
+
 def test_generation_stops_at_end_of_text():
   model = _model()
   params = _params(model)

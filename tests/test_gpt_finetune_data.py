@@ -333,13 +333,15 @@ def test_example_batch_has_the_spec_of_every_task():
     extract = np.take_along_axis(batch['input_ids'], batch['extract_positions'][..., None], -1)
     assert (extract == 4).all() and (batch['input_ids'][:, :, 0] == 2).all()
   assert gpt_finetune.task_spec('stsb').regression
-  assert gpt_finetune.num_sequences(gpt_finetune.task_spec('qqp')) == 2
+  assert gpt_finetune.task_spec('qqp').num_choices == 2
   assert gpt_finetune.task_spec('offline_cloze').head == 'choice'
   assert gpt_finetune.task_spec('mnli').head == 'classify'
 
 
 def test_errors_are_one_line_and_name_the_fix(tmp_path):
-  with pytest.raises(ValueError, match="Unknown task 'glue'.*sst2, cola, mnli") as error:
+  with pytest.raises(ValueError, match="Unknown task 'glue': use "
+                     r"--config=configs/gpt_finetune.py:<task>\[,size\] with one of "
+                     'sst2, cola, mnli') as error:
     gpt_finetune.task_spec('glue')
   assert '\n' not in str(error.value)
   with pytest.raises(ValueError, match='max_seq_length=4 .*use 5 or more'):
@@ -347,6 +349,75 @@ def test_errors_are_one_line_and_name_the_fix(tmp_path):
   gpt_finetune.example_batch(_data_cfg(tmp_path, task='sst2', max_seq_length=3), 100, 2)
   with pytest.raises(ValueError, match="Unknown split 'test'"):
     gpt_finetune.load_examples(_data_cfg(tmp_path), 'test', None)
+
+
+@pytest.mark.parametrize('name', list(gpt_finetune.TASKS))
+def test_the_config_of_every_task_builds_and_passes_check_config(name):
+  from configs import gpt_finetune as cfgs  # pylint: disable=g-import-not-at-top
+  config = cfgs.get_config(f'{name},tiny')
+  assert config.data.task == name
+  gpt_finetune.check_config(config)
+
+
+def test_check_config_refuses_a_task_overridden_alone():
+  from configs import gpt_finetune as cfgs  # pylint: disable=g-import-not-at-top
+  config = cfgs.get_config('sst2,tiny')
+  config.data.task = 'offline_cloze'  # what --config.data.task=offline_cloze would do
+  with pytest.raises(ValueError) as error:
+    gpt_finetune.check_config(config)
+  assert str(error.value) == (
+      'config.data.task=offline_cloze needs model.num_labels=4, model.head=choice, '
+      'data.num_choices=4: choose the task with --config=configs/gpt_finetune.py:offline_cloze'
+      '[,size].')
+  # Any one field off is refused too.
+  for field, value in (('model.num_labels', 2), ('model.head', 'choice'),
+                       ('data.num_choices', 2)):
+    config = cfgs.get_config('mnli,tiny')
+    group, key = field.split('.')
+    config[group][key] = value
+    with pytest.raises(ValueError, match=r'config.data.task=mnli needs model.num_labels=3, '
+                       'model.head=classify, data.num_choices=1: '):
+      gpt_finetune.check_config(config)
+
+
+class _FakeBuilder:
+  """What prepare_tfds uses of a TFDS builder, recording the calls."""
+
+  def __init__(self, data_path):
+    self.data_path, self.data_dir, self.calls = data_path, str(data_path), []
+    self.info = self
+
+  full_name = 'fake/1.0.0'
+
+  def download_and_prepare(self):
+    self.calls.append('prepare')
+
+  def read_from_directory(self, path):
+    self.calls.append(('read', path))
+
+
+@pytest.mark.parametrize('index', [0, 1])
+@pytest.mark.parametrize('shared', [True, False])
+def test_prepare_tfds_prepares_on_process_0_then_waits(tmp_path, monkeypatch, index, shared):
+  barriers = []
+  monkeypatch.setattr(sources.jax, 'process_index', lambda: index)
+  monkeypatch.setattr(sources.jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(sources.multihost_utils, 'sync_global_devices', barriers.append)
+  builder = _FakeBuilder(tmp_path if shared else tmp_path / 'not_on_this_host')
+  sources.prepare_tfds(builder)
+  assert barriers == ['prepare_tfds fake/1.0.0']
+  if index == 0:
+    assert builder.calls == ['prepare']
+  elif shared:  # process 0 wrote it: read the split sizes it recorded
+    assert builder.calls == [('read', str(tmp_path))]
+  else:  # a host-local directory: no other host writes there
+    assert builder.calls == ['prepare']
+  # One process: it prepares, and there is no barrier.
+  monkeypatch.setattr(sources.jax, 'process_count', lambda: 1)
+  monkeypatch.setattr(sources.jax, 'process_index', lambda: 0)
+  builder = _FakeBuilder(tmp_path)
+  sources.prepare_tfds(builder)
+  assert builder.calls == ['prepare'] and len(barriers) == 1
 
 
 # TFDS, through tfds.testing.mock_data (random strings of ' abcdefghij').

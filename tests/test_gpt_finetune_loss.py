@@ -37,10 +37,20 @@ def _hand_l2():
   return (-_log_softmax(LOGITS[0])[0] - _log_softmax(LOGITS[1])[2]) / 2
 
 
-def _hand_l1(lm_logits):
+def _hand_nll(lm_logits):
   # Real examples only: example 0 predicts 2 tokens, example 1 one.
-  nll = [-_log_softmax(lm_logits[b, 0, t])[TARGETS[b, 0, t]] for b, t in ((0, 0), (0, 1), (1, 0))]
-  return sum(nll) / 3
+  return [[-_log_softmax(lm_logits[0, 0, t])[TARGETS[0, 0, t]] for t in (0, 1)],
+          [-_log_softmax(lm_logits[1, 0, 0])[TARGETS[1, 0, 0]]]]
+
+
+def _hand_l1(lm_logits):
+  # OpenAI's finetune-transformer-lm: each sequence's token mean, then the mean over sequences.
+  return sum(sum(nll) / len(nll) for nll in _hand_nll(lm_logits)) / 2
+
+
+def _hand_token_mean(lm_logits):
+  nll = sum(_hand_nll(lm_logits), [])
+  return sum(nll) / len(nll)
 
 
 def test_lambda_zero_gives_exactly_l2():
@@ -60,12 +70,54 @@ def test_lambda_adds_the_auxiliary_lm_loss():
   loss, metrics = gpt_finetune.loss_fn({'logits': LOGITS, 'lm_logits': lm_logits}, _batch(),
                                        lm_coef=0.5)
   np.testing.assert_allclose(loss, _hand_l2() + 0.5 * _hand_l1(lm_logits), rtol=1e-6)
-  np.testing.assert_allclose(metrics['lm_loss'], [3 * _hand_l1(lm_logits), 3], rtol=1e-6)
+  np.testing.assert_allclose(metrics['lm_loss'], [3 * _hand_token_mean(lm_logits), 3], rtol=1e-6)
   np.testing.assert_allclose(metrics['task_loss'], [2 * _hand_l2(), 2], rtol=1e-6)
+  np.testing.assert_allclose(metrics['loss'], [2 * float(loss), 2], rtol=1e-6)
   np.testing.assert_allclose(metrics['accuracy'], [1, 2])  # example 0 right, 1 wrong
   assert 'true_pos' not in metrics  # three classes: no binary statistics
   default, _ = gpt_finetune.loss_fn({'logits': LOGITS, 'lm_logits': lm_logits}, _batch())
   assert float(default) == float(loss)  # lambda = 0.5 is the paper's
+
+
+def test_l1_is_the_mean_over_sequences_of_each_sequences_token_mean():
+  # Two sequences per example (similarity): 3, 1 and 2, 2 weighted tokens; example 2 is padding.
+  rng = np.random.default_rng(1)
+  lm_logits = rng.normal(size=(3, 2, 4, 5)).astype(np.float32)
+  targets = rng.integers(0, 5, size=(3, 2, 4)).astype(np.int32)
+  weights = np.array([[[1, 1, 1, 0], [1, 0, 0, 0]], [[1, 1, 0, 0], [1, 1, 0, 0]],
+                      [[1, 1, 1, 1], [1, 1, 1, 1]]], np.float32)
+  batch = _batch(labels=np.array([0, 1, 1], np.int32), targets=targets, weights=weights)
+  logits = np.zeros((3, 2), np.float32)  # L2 = log 2 for every example
+  loss, metrics = gpt_finetune.loss_fn({'logits': logits, 'lm_logits': lm_logits}, batch,
+                                       lm_coef=0.5)
+  sequence_means, tokens = [], []
+  for b in range(2):
+    for c in range(2):
+      nll = [-_log_softmax(lm_logits[b, c, t])[targets[b, c, t]]
+             for t in range(4) if weights[b, c, t]]
+      sequence_means.append(sum(nll) / len(nll))
+      tokens += nll
+  np.testing.assert_allclose(loss, math.log(2) + 0.5 * sum(sequence_means) / 4, rtol=1e-6)
+  # The metric stays the per-token mean, whose exp is the perplexity.
+  np.testing.assert_allclose(metrics['lm_loss'], [sum(tokens), len(tokens)], rtol=1e-6)
+  assert abs(sum(sequence_means) / 4 - sum(tokens) / len(tokens)) > 1e-3  # the two differ here
+
+
+def test_summarized_loss_weights_each_batch_by_its_real_examples():
+  # A full batch, then a padded last batch with one real example: the summary is the
+  # example-weighted mean, not the mean of the two batch losses.
+  lm_logits = _lm_logits()
+  full = _batch(example_weights=np.ones(3, np.float32))
+  padded = _batch(example_weights=np.array([1.0, 0.0, 0.0], np.float32))
+  losses, totals = [], {}
+  for batch in (full, padded):
+    loss, metrics = gpt_finetune.loss_fn({'logits': LOGITS, 'lm_logits': lm_logits}, batch)
+    losses.append(float(loss))
+    for key, value in metrics.items():
+      totals[key] = totals.get(key, 0.0) + np.asarray(value, np.float64)
+  assert losses[0] != pytest.approx(losses[1])
+  summary = gpt_finetune.summarize(totals)
+  assert summary['loss'] == pytest.approx((3 * losses[0] + losses[1]) / 4, rel=1e-6)
 
 
 def test_padding_examples_change_nothing():
@@ -168,5 +220,5 @@ def test_pearson_correlation_over_steps():
 def test_lm_perplexity_is_reported_with_the_lm_loss():
   lm_logits = _lm_logits()
   summary = _accumulate([({'logits': LOGITS, 'lm_logits': lm_logits}, _batch())])
-  assert summary['lm_loss'] == pytest.approx(_hand_l1(lm_logits), rel=1e-6)
-  assert summary['lm_perplexity'] == pytest.approx(math.exp(_hand_l1(lm_logits)), rel=1e-6)
+  assert summary['lm_loss'] == pytest.approx(_hand_token_mean(lm_logits), rel=1e-6)
+  assert summary['lm_perplexity'] == pytest.approx(math.exp(_hand_token_mean(lm_logits)), rel=1e-6)

@@ -14,6 +14,7 @@ import input_pipeline
 import sharding
 import train
 from configs import gpt as gpt_configs
+from configs import gpt_finetune as finetune_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,11 +100,11 @@ def _gradients(config, devices):
     return jax.device_get(jax.jit(jax.grad(loss))(state.params, sharding.global_batch(local, mesh)))
 
 
-def gpt_micro_config(data_dir, **train_overrides):
-  config = gpt_configs.get_config('tiny')
+def _shrunk(config, data_dir, **train_overrides):
+  """A one-layer, 32-wide model on 8 x 32-token batches, 6 steps."""
   config.data.data_dir = data_dir
   config.model.update(hidden_size=32, num_layers=1, num_heads=2, mlp_dim=64)
-  config.data.update(max_seq_length=32, docs_per_chunk=50)
+  config.data.max_seq_length = 32
   config.train.update(batch_size=8, num_steps=6, log_every=2, eval_every=1000, eval_steps=2,
                       checkpoint_every=3)
   config.train.update(**train_overrides)
@@ -111,7 +112,24 @@ def gpt_micro_config(data_dir, **train_overrides):
   return config
 
 
-@pytest.mark.parametrize('make_config', [micro_config, gpt_micro_config], ids=['bert', 'gpt'])
+def gpt_micro_config(data_dir, **train_overrides):
+  config = gpt_configs.get_config('tiny')
+  config.data.docs_per_chunk = 50
+  return _shrunk(config, data_dir, **train_overrides)
+
+
+def finetune_micro_config(data_dir, **train_overrides):
+  """GPT fine-tuning on the 4-way offline cloze task: (B, C=4, L) batches."""
+  config = finetune_configs.get_config('offline_cloze,tiny')
+  config.data.max_examples = 200
+  return _shrunk(config, data_dir, **train_overrides)
+
+
+MICRO_CONFIGS = [micro_config, gpt_micro_config, finetune_micro_config]
+MICRO_IDS = ['bert', 'gpt', 'gpt_finetune']
+
+
+@pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
 def test_one_device_and_eight_devices_agree(data_dir, make_config):
   assert len(jax.devices()) == 8
   config = make_config(data_dir)
@@ -145,7 +163,7 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
 
 
-@pytest.mark.parametrize('make_config', [micro_config, gpt_micro_config], ids=['bert', 'gpt'])
+@pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
 def test_resume_is_exact(data_dir, tmp_path, make_config):
   config = make_config(data_dir)
   config.data.docs_per_chunk = 3  # the 6 steps cross many chunk boundaries
