@@ -102,7 +102,7 @@ def benchmark(config, steps: int, warmup: int) -> dict:
       'mfu': round(flops / step_seconds / peak, 4),
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
-      'final_loss': float(jax.device_get(metrics['loss'])[0]),
+      'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       'input_examples_per_sec': round(input_examples_per_sec(config), 1),
   }
 
