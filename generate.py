@@ -17,6 +17,7 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -42,10 +43,10 @@ def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, 
   model = gpt.Model(train.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), example)['params'])
+  abstract = jax.eval_shape(
+      lambda: nn.meta.unbox(model.init(jax.random.key(0), example)['params']))
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        jax.tree.map(lambda x: getattr(x, 'value', x), abstract,
-                                     is_leaf=lambda x: hasattr(x, 'value')))
+                        abstract)
   params, new, _ = checkpoints.restore_params(workdir, target)
   if new:
     raise ValueError(f'The checkpoint in {workdir} lacks {", ".join(new)}: it does not match '

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from input_pipeline import gpt_finetune
+from input_pipeline import offline_tasks
 from input_pipeline import sources
 from input_pipeline import tokenizer as tokenizer_lib
 
@@ -32,7 +33,7 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def tokenizer(data_dir):
-  corpus = gpt_finetune.corpus_config(_data_cfg(data_dir))
+  corpus = offline_tasks.corpus_config(_data_cfg(data_dir))
   sentences = [s for doc in sources.documents(corpus, 'train') for s in doc][:4000]
   path = tokenizer_lib.learn_vocab(sentences, 600, True, str(data_dir / 'vocab.txt'))
   tok = tokenizer_lib.WordPieceTokenizer(path, True)
@@ -205,7 +206,7 @@ def test_train_hosts_are_disjoint(monkeypatch):
 
 
 def _corpus(data_dir, split):
-  return list(sources.documents(gpt_finetune.corpus_config(_data_cfg(data_dir)), split))
+  return list(sources.documents(offline_tasks.corpus_config(_data_cfg(data_dir)), split))
 
 
 def _normalized(documents):
@@ -215,8 +216,8 @@ def _normalized(documents):
 @pytest.mark.parametrize('name', OFFLINE)
 def test_offline_tasks_are_deterministic_balanced_and_capped(data_dir, name):
   data_cfg = _data_cfg(data_dir, max_examples=2000)
-  texts, labels = gpt_finetune.offline_examples(name, data_cfg, 'train')
-  assert (texts, labels) == gpt_finetune.offline_examples(name, data_cfg, 'train')
+  texts, labels = offline_tasks.offline_examples(name, data_cfg, 'train')
+  assert (texts, labels) == offline_tasks.offline_examples(name, data_cfg, 'train')
   assert len(labels) == 2000
   counts = collections.Counter(labels)
   num_labels = gpt_finetune.TASKS[name].num_labels
@@ -224,7 +225,7 @@ def test_offline_tasks_are_deterministic_balanced_and_capped(data_dir, name):
   assert counts == {label: 2000 // num_labels for label in range(num_labels)}
   # The order of the labels is random, not alternating.
   assert labels[:12] != [i % num_labels for i in range(12)]
-  eval_texts, _ = gpt_finetune.offline_examples(name, data_cfg, 'eval')
+  eval_texts, _ = offline_tasks.offline_examples(name, data_cfg, 'eval')
   assert 0 < len(eval_texts) < len(texts)
   width = {'classification': 1, 'multiple_choice': 5}.get(gpt_finetune.TASKS[name].kind, 2)
   assert all(len(t) == width for t in texts)
@@ -241,7 +242,7 @@ def test_offline_tasks_are_made_from_the_splits_documents(data_dir, split):
       docs_of[s].add(d)
   data_cfg = _data_cfg(data_dir, max_examples=300)
 
-  texts, labels = gpt_finetune.offline_examples('offline_shuffled', data_cfg, split)
+  texts, labels = offline_tasks.offline_examples('offline_shuffled', data_cfg, split)
   originals = {tuple(sorted(s.split())) for s in sentences}
   for (text,), label in zip(texts, labels):
     assert len(text.split()) >= 4
@@ -253,7 +254,7 @@ def test_offline_tasks_are_made_from_the_splits_documents(data_dir, split):
   assert sum(t in sentences for t in shuffled) <= 2  # a reordering that is another sentence
 
   firsts = {a for a, _ in next_pairs}
-  texts, labels = gpt_finetune.offline_examples('offline_next', data_cfg, split)
+  texts, labels = offline_tasks.offline_examples('offline_next', data_cfg, split)
   for (premise, hypothesis), label in zip(texts, labels):
     assert premise in firsts and hypothesis in sentences
     if label:
@@ -261,14 +262,14 @@ def test_offline_tasks_are_made_from_the_splits_documents(data_dir, split):
     else:  # from another document
       assert docs_of[hypothesis] - docs_of[premise] or len(docs_of[premise]) > 1
 
-  texts, labels = gpt_finetune.offline_examples('offline_same_doc', data_cfg, split)
+  texts, labels = offline_tasks.offline_examples('offline_same_doc', data_cfg, split)
   for (a, b), label in zip(texts, labels):
     if label:  # two different sentences of one document
       assert docs_of[a] & docs_of[b] and a != b
     else:
       assert a != b and (docs_of[b] - docs_of[a] or len(docs_of[a]) > 1)
 
-  texts, labels = gpt_finetune.offline_examples('offline_cloze', data_cfg, split)
+  texts, labels = offline_tasks.offline_examples('offline_cloze', data_cfg, split)
   for (context, *answers), label in zip(texts, labels):
     answer = answers[label]
     assert len(set(answers)) == 4
@@ -283,14 +284,14 @@ def test_offline_splits_are_disjoint_by_document(data_dir):
   data_cfg = _data_cfg(data_dir, max_examples=0)
   eval_sentences = {s for doc in _normalized(_corpus(data_dir, 'eval')) for s in doc}
   train_sentences = {s for doc in _normalized(_corpus(data_dir, 'train')) for s in doc}
-  texts, _ = gpt_finetune.offline_examples('offline_next', data_cfg, 'eval')
+  texts, _ = offline_tasks.offline_examples('offline_next', data_cfg, 'eval')
   # Sentences that appear only in train documents never reach eval.
   assert not {t for pair in texts for t in pair} & (train_sentences - eval_sentences)
   assert len(texts) == sum(len(doc) - 1 for doc in _corpus(data_dir, 'eval'))
 
 
 def test_offline_cloze_answer_position_is_uniform(data_dir):
-  _, labels = gpt_finetune.offline_examples('offline_cloze', _data_cfg(data_dir, max_examples=0),
+  _, labels = offline_tasks.offline_examples('offline_cloze', _data_cfg(data_dir, max_examples=0),
                                             'train')
   counts = np.bincount(labels, minlength=4)
   assert counts.max() - counts.min() <= 1 and counts.sum() > 5000
