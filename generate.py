@@ -10,50 +10,23 @@ with the end-of-text token, as documents do in pretraining, and decoding stops
 at the next one. Works on a pretraining or a fine-tuning workdir.
 """
 
-import json
-import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
-import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
 
-import checkpoints
 import decoding
-import input_pipeline
 import train
 from models import gpt
 
 
 def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, object]:
   """The config, model, parameters (latest checkpoint) and tokenizer of a GPT workdir."""
-  path = os.path.join(workdir, 'config.json')
-  if not (os.path.isfile(path) and checkpoints.exist(workdir)):
-    raise ValueError(f'{workdir} holds no config.json and checkpoint: pass the --workdir of '
-                     'a GPT training run.')
-  with open(path, encoding='utf-8') as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  if config.model_name != 'gpt':
-    raise ValueError(f'{workdir} trained {config.model_name!r}: generate.py samples from GPT '
-                     'runs (configs/gpt.py, configs/gpt_finetune.py).')
-  model = gpt.Model(train.model_config(config))
-  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.eval_shape(
-      lambda: nn.meta.unbox(model.init(jax.random.key(0), example)['params']))
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        abstract)
-  params, new, _ = checkpoints.restore_params(workdir, target)
-  if new:
-    raise ValueError(f'The checkpoint in {workdir} lacks {", ".join(new)}: it does not match '
-                     'its config.json.')
-  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
-                                           saved_dir=workdir)
-  return config, model, params, tokenizer
+  return train.load_trained(workdir, 'gpt', 'generate.py (configs/gpt.py, configs/gpt_finetune.py)')
 
 
 def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float,

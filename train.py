@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
+import ml_collections
 from ml_collections import config_flags
 import numpy as np
 import optax
@@ -88,8 +89,20 @@ def validate(config, mesh) -> None:
   if tc.eval_steps < 0:
     raise ValueError(f'train.eval_steps={tc.eval_steps}: use 0 for one pass of the eval split '
                      'or the number of eval batches.')
-  if config.optimizer.get('schedule', 'linear') not in ('linear', 'cosine'):
-    raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use linear or cosine.')
+  if config.optimizer.get('schedule', 'linear') not in SCHEDULES:
+    raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use one of '
+                     f'{", ".join(SCHEDULES)}.')
+  if config.optimizer.get('name', 'adamw') not in OPTIMIZERS:
+    raise ValueError(f'optimizer.name={config.optimizer.name!r}: use one of '
+                     f'{", ".join(OPTIMIZERS)}.')
+  chars = (config.data.get('max_characters_per_token'),
+           config.model.get('max_characters_per_token'))
+  if None not in chars and chars[0] != chars[1]:
+    raise ValueError(f'data.max_characters_per_token={chars[0]} but model.max_characters_per_token'
+                     f'={chars[1]}: set both to the same value.')
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  if hasattr(model_module, 'check_config'):
+    model_module.check_config(config)
   if dp % jax.process_count():
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
                      f'{jax.process_count()} hosts, so hosts would share batch shards: '
@@ -98,7 +111,14 @@ def validate(config, mesh) -> None:
 
 # Fields of config.model that change parameter shapes or names.
 _SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
-                 'max_position_embeddings', 'type_vocab_size', 'scan_layers')
+                 'max_position_embeddings', 'type_vocab_size', 'scan_layers',
+                 'char_dim', 'max_characters_per_token', 'filters', 'num_highway',
+                 'projection_dim', 'lstm_dim')
+
+
+def _as_json(value: Any) -> Any:
+  """A config value as config.json holds it (tuples become lists)."""
+  return json.loads(json.dumps(value))
 
 
 def check_init_from(config, workdir: str) -> None:
@@ -112,14 +132,17 @@ def check_init_from(config, workdir: str) -> None:
                      'config.json: point it at the workdir of a pretraining run.')
   with open(saved_config, encoding='utf-8') as f:
     saved = json.load(f)
-  if saved.get('model_name') != config.model_name:
+  # A task model may start from another model's run (the ELMo tagger from an ELMo biLM).
+  module = importlib.import_module(f'models.{config.model_name}')
+  starts_from = getattr(module, 'PRETRAINED_MODEL', config.model_name)
+  if saved.get('model_name') not in (config.model_name, starts_from):
     raise ValueError(f'config.init_from is a {saved.get("model_name")!r} run and this config '
-                     f'trains {config.model_name!r}: start from a run of the same model.')
+                     f'trains {config.model_name!r}: start from a {starts_from!r} run.')
   fields = ([('model', f) for f in _SHAPE_FIELDS if f in config.model] +
             [('data', f) for f in ('tokenizer', 'lower_case') if f in config.data])
   for part, field in fields:
     theirs = saved[part].get(field)
-    if theirs != config[part][field]:
+    if theirs != _as_json(config[part][field]):
       raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
                        f'config.init_from has {theirs}: pick the size it was trained with '
                        f'(e.g. configs/gpt_finetune.py:<task>,tiny) or set '
@@ -127,24 +150,27 @@ def check_init_from(config, workdir: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Optimizer: AdamW with decoupled weight decay, warmup then linear or cosine decay, clipping.
+# Optimizer: AdamW (or Adagrad), warmup then linear, cosine or no decay, clipping.
 # ----------------------------------------------------------------------------
 
-def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """Linear warmup, then linear (BERT sec. A.2) or cosine (GPT sec. 4.1) decay to 0.
+SCHEDULES = ('linear', 'cosine', 'constant')
+OPTIMIZERS = ('adamw', 'adagrad')
 
-  Both as the reference code computes them over the whole run: BERT's
+
+def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
+  """Linear warmup, then linear (BERT sec. A.2), cosine (GPT sec. 4.1) or no decay (bilm-tf).
+
+  As the reference code computes them over the whole run: BERT's
   lr * (1 - step / num_steps), OpenAI's lr * (1 + cos(pi * step / num_steps)) / 2.
   """
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
-  cosine = opt_cfg.get('schedule', 'linear') == 'cosine'
+  kind = opt_cfg.get('schedule', 'linear')
 
   def schedule(step):
     done = jnp.minimum(step, num_steps) / num_steps
-    if cosine:
-      decayed = lr * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
-    else:
-      decayed = lr * (1.0 - done)
+    decayed = {'cosine': lambda: lr * 0.5 * (1.0 + jnp.cos(jnp.pi * done)),
+               'linear': lambda: lr * (1.0 - done),
+               'constant': lambda: jnp.full_like(done, lr)}[kind]()
     return jnp.where(step < warmup, lr * step / max(warmup, 1), decayed)
   return schedule
 
@@ -157,11 +183,31 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decayed, params)
 
 
+def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
+  """Labels 'frozen' the params under the top-level names in `frozen`, the others 'trained'.
+
+  A name the model does not have freezes nothing (the ELMo tagger without ELMo has no 'bilm').
+  """
+  def labels(params):  # a prefix of the params tree, as optax.multi_transform allows
+    return {name: 'frozen' if name in frozen else 'trained' for name in params}
+  return labels
+
+
 def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
-  return optax.chain(
-      optax.clip_by_global_norm(opt_cfg.clip_norm),
-      optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
-                  weight_decay=opt_cfg.weight_decay, mask=decay_mask))
+  """Clipping then AdamW (BERT, GPT) or Adagrad (bilm-tf); optimizer.frozen params never move."""
+  if opt_cfg.get('name', 'adamw') == 'adagrad':
+    update = optax.adagrad(schedule, initial_accumulator_value=opt_cfg.initial_accumulator_value,
+                           eps=opt_cfg.eps)
+  else:
+    update = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
+                         weight_decay=opt_cfg.weight_decay, mask=decay_mask)
+  tx = optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), update)
+  frozen = tuple(opt_cfg.get('frozen', ()))
+  if not frozen:
+    return tx
+  # Frozen parameters get no update at all, not even weight decay (ELMo's frozen biLM, sec. 3.3).
+  return optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()},
+                               frozen_labels(frozen))
 
 
 # ----------------------------------------------------------------------------
@@ -195,8 +241,10 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
   rules = config.logical_axis_rules
 
   def compute_loss(params, batch, rng):
+    # 'sampling' draws the sampled softmax's classes (ELMo); other models ignore it.
+    dropout_rng, sampling_rng = jax.random.split(rng)
     outputs = model.apply({'params': params}, batch, deterministic=False,
-                          rngs={'dropout': rng})
+                          rngs={'dropout': dropout_rng, 'sampling': sampling_rng})
     return loss_fn(outputs, batch)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
@@ -371,6 +419,33 @@ def setup(config, workdir: str, mesh) -> Run:
   write_workdir_files(config, workdir, tokenizer)
   return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
              train_step, eval_step, mngr)
+
+
+def load_trained(workdir: str, model_name: str, command: str) -> tuple[Any, nn.Module, Any, Any]:
+  """The config, model, latest parameters (on one device) and tokenizer of a `model_name` workdir."""
+  path = os.path.join(workdir, 'config.json')
+  if not (os.path.isfile(path) and checkpoints.exist(workdir)):
+    raise ValueError(f'{workdir} holds no config.json and checkpoint: pass the --workdir of '
+                     f'a {model_name} training run.')
+  with open(path, encoding='utf-8') as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if config.model_name != model_name:
+    raise ValueError(f'{workdir} trained {config.model_name!r}: {command} reads {model_name} '
+                     'runs.')
+  model = importlib.import_module(f'models.{model_name}').Model(model_config(config))
+  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.eval_shape(lambda: nn.meta.unbox(
+      model.init(jax.random.key(0), example, deterministic=True)['params']))
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        abstract)
+  params, new, _ = checkpoints.restore_params(workdir, target)
+  if new:
+    raise ValueError(f'The checkpoint in {workdir} lacks {", ".join(new)}: it does not match '
+                     'its config.json.')
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
+                                           saved_dir=workdir)
+  return config, model, params, tokenizer
 
 
 def init_params(params, init_from: str):

@@ -52,16 +52,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
 
   config.data = ml_collections.ConfigDict()
   config.data.pipeline = 'bert_pretraining'  # a module of input_pipeline/
-  config.data.source = 'embedded'  # 'embedded' | 'files' | 'tfds'
-  config.data.files = ''  # glob, reference format: one sentence per line, blank line between documents
-  config.data.eval_files = ''  # glob; empty holds out every eval_holdout-th document of `files`
-  config.data.tfds_name = ''  # e.g. 'wikipedia/20230601.en'
-  config.data.tfds_split = 'train'
-  config.data.tfds_eval_split = ''  # empty holds out every eval_holdout-th document of tfds_split
-  config.data.tfds_text_feature = 'text'
-  config.data.tfds_data_dir = ''
-  config.data.eval_holdout = 100  # 1 in N documents go to the eval split
-  config.data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
+  common.set_text_source(config.data)
   config.data.tokenizer = 'wordpiece'  # 'wordpiece' | 'bpe' (byte-level)
   config.data.vocab_file = ''  # empty learns a WordPiece vocabulary of model.vocab_size from the training text
   config.data.lower_case = True

@@ -4,7 +4,7 @@ import ml_collections
 
 
 def set_mesh_and_rules(config: ml_collections.ConfigDict) -> None:
-  """The device mesh and the logical-axis rules of the Transformer models."""
+  """The device mesh and the logical-axis rules of every model."""
   # Mesh axis sizes; -1 takes the remaining devices.
   config.mesh = (('data', -1), ('fsdp', 1), ('tensor', 1))
   # Logical axis -> mesh axes. Parameters shard over fsdp (embed) and tensor
@@ -20,6 +20,8 @@ def set_mesh_and_rules(config: ml_collections.ConfigDict) -> None:
       ('act_embed', None),
       ('act_mlp', 'tensor'),
       ('act_heads', 'tensor'),
+      ('cell', 'tensor'),  # LSTM cells (ELMo, CVT, CoVe)
+      ('filters', None),  # char-CNN filters
   )
 
 
@@ -35,3 +37,31 @@ def pretraining_schedule(batch_size: int, num_steps: int, tiny: bool) -> ml_coll
   train.checkpoint_every = 200 if tiny else 10_000
   train.keep_checkpoints = 3
   return train
+
+
+def finetuning_schedule(batch_size: int, num_steps: int) -> ml_collections.ConfigDict:
+  """config.train of a fine-tuning run: the whole eval split once, at the end."""
+  train = ml_collections.ConfigDict()
+  train.batch_size = batch_size
+  train.num_steps = num_steps
+  train.grad_accum_steps = 1
+  train.log_every = 20 if num_steps < 2000 else 100
+  train.eval_every = num_steps  # at the end; eval_steps = 0 takes the whole eval split
+  train.eval_steps = 0
+  train.checkpoint_every = min(num_steps, 1000)
+  train.keep_checkpoints = 2
+  return train
+
+
+def set_text_source(data: ml_collections.ConfigDict) -> None:
+  """The fields naming the training text: the embedded corpus by default, or files, or TFDS."""
+  data.source = 'embedded'  # 'embedded' | 'files' | 'tfds'
+  data.files = ''  # glob, reference format: one sentence per line, blank line between documents
+  data.eval_files = ''  # glob; empty holds out every eval_holdout-th document of `files`
+  data.tfds_name = ''  # e.g. 'wikipedia/20230601.en' or 'lm1b'
+  data.tfds_split = 'train'
+  data.tfds_eval_split = ''  # empty holds out every eval_holdout-th document of tfds_split
+  data.tfds_text_feature = 'text'
+  data.tfds_data_dir = ''
+  data.eval_holdout = 100  # 1 in N documents go to the eval split
+  data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage

@@ -55,16 +55,7 @@ def data_config(v: dict) -> ml_collections.ConfigDict:
   """The text source and tokenizer fields (shared with configs/gpt_finetune.py)."""
   data = ml_collections.ConfigDict()
   data.pipeline = 'packed_lm'  # a module of input_pipeline/
-  data.source = 'embedded'  # 'embedded' | 'files' | 'tfds'
-  data.files = ''  # glob of text files, a blank line between documents
-  data.eval_files = ''  # glob; empty holds out every eval_holdout-th document of `files`
-  data.tfds_name = ''  # e.g. 'wikipedia/20230601.en'
-  data.tfds_split = 'train'
-  data.tfds_eval_split = ''
-  data.tfds_text_feature = 'text'
-  data.tfds_data_dir = ''
-  data.eval_holdout = 100  # 1 in N documents go to the eval split
-  data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
+  common.set_text_source(data)
   data.tokenizer = 'bpe'  # 'bpe' (byte-level) | 'wordpiece'
   data.vocab_file = ''  # tokenizer.json (bpe) or vocab.txt (wordpiece); empty learns one
   data.lower_case = False  # GPT-1 lower-cased its text; byte-level BPE needs no lower-casing

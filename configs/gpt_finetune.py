@@ -78,14 +78,6 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config.optimizer = gpt.optimizer_config(LEARNING_RATES.get(size, 6.25e-5),
                                           math.ceil(0.002 * num_steps), 'linear')
 
-  config.train = ml_collections.ConfigDict()
-  config.train.batch_size = BATCH_SIZE
-  config.train.num_steps = num_steps
-  config.train.grad_accum_steps = 1
-  config.train.log_every = 20 if num_steps < 2000 else 100
-  config.train.eval_every = num_steps  # at the end; eval_steps = 0 takes the whole eval split
-  config.train.eval_steps = 0
-  config.train.checkpoint_every = min(num_steps, 1000)
-  config.train.keep_checkpoints = 2
+  config.train = common.finetuning_schedule(BATCH_SIZE, num_steps)
   common.set_mesh_and_rules(config)
   return config

@@ -43,7 +43,7 @@ the last one padded with example_weights 0, then it starts over.
 import dataclasses
 import itertools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from absl import logging
 import ml_collections
@@ -374,19 +374,24 @@ def tfds_examples(name: str, data_cfg: ml_collections.ConfigDict,
 
 # Iteration.
 
+MakeBatchFn = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
-class FinetuneIterator:
-  """Host-local batches of one task's split, exactly resumable (sec. 3.3)."""
+class ExampleIterator:
+  """Host-local batches of a split's examples, exactly resumable, whatever the examples are.
 
-  def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
-               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
-    self._examples = load_examples(data_cfg, split, tokenizer)
-    self._max_length, self._pad_id = data_cfg.max_seq_length, tokenizer.pad_id
+  Shared by the fine-tuning pipelines: endless train epochs reshuffled with
+  (seed, epoch), eval in passes of steps_per_epoch batches (module
+  docstring); make_batch(indices, example_weights) builds a batch.
+  """
+
+  def __init__(self, num_examples: int, make_batch: MakeBatchFn, *, split: str,
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
+               name: str = ''):
+    self._num_examples, self._make_batch = num_examples, make_batch
     self._batch_size, self._seed = batch_size, seed
     self._process_index, self._process_count = process_index, process_count
     self._is_eval = split == 'eval'
-    num_examples = len(self._examples)
-    logging.info('Task %s, split %s: %d examples.', data_cfg.task, split, num_examples)
+    logging.info('Task %s, split %s: %d examples.', name, split, num_examples)
     if self._is_eval:
       self._host_indices = np.arange(process_index, num_examples, process_count)
       per_host = math.ceil(num_examples / process_count)
@@ -395,7 +400,7 @@ class FinetuneIterator:
       # The last N mod P are left out of each epoch, so every host has as many.
       self._per_host = num_examples // process_count
       if self._per_host == 0:
-        raise ValueError(f'Task {data_cfg.task!r} has {num_examples} training examples, fewer '
+        raise ValueError(f'Task {name!r} has {num_examples} training examples, fewer '
                          f'than the {process_count} hosts: use a larger task.')
     self._order_epoch, self._order = None, None
     self.set_state({'epoch': 0, 'offset': 0})
@@ -403,7 +408,7 @@ class FinetuneIterator:
   @property
   def num_examples(self) -> int:
     """Examples of the split, all hosts together."""
-    return len(self._examples)
+    return self._num_examples
 
   def get_state(self) -> dict[str, int]:
     """Position after the last returned batch, JSON-serializable."""
@@ -412,21 +417,18 @@ class FinetuneIterator:
   def set_state(self, state: dict[str, int]) -> None:
     self._epoch, self._offset = int(state['epoch']), int(state['offset'])
 
-  def __iter__(self) -> 'FinetuneIterator':
+  def __iter__(self) -> 'ExampleIterator':
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
     if self._is_eval:
-      indices, example_weights = self._eval_indices()
-    else:
-      indices, example_weights = self._train_indices(), np.ones(self._batch_size, np.float32)
-    return batch_arrays(self._examples, indices, example_weights, self._max_length,
-                        self._pad_id)
+      return self._make_batch(*self._eval_indices())
+    return self._make_batch(self._train_indices(), np.ones(self._batch_size, np.float32))
 
   def _epoch_order(self, epoch: int) -> np.ndarray:
     """This host's examples in epoch `epoch`."""
     if self._order_epoch != epoch:
-      permutation = np.random.default_rng([self._seed, epoch]).permutation(len(self._examples))
+      permutation = np.random.default_rng([self._seed, epoch]).permutation(self._num_examples)
       used = permutation[:self._per_host * self._process_count]
       self._order_epoch, self._order = epoch, used[self._process_index::self._process_count]
     return self._order
@@ -452,6 +454,20 @@ class FinetuneIterator:
     real = positions < len(self._host_indices)
     indices = np.where(real, host[np.minimum(positions, len(host) - 1)], host[0])
     return indices, real.astype(np.float32)
+
+
+class FinetuneIterator(ExampleIterator):
+  """Host-local batches of one task's split, exactly resumable (sec. 3.3)."""
+
+  def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
+    examples = load_examples(data_cfg, split, tokenizer)
+    max_length, pad_id = data_cfg.max_seq_length, tokenizer.pad_id
+    super().__init__(
+        len(examples),
+        lambda indices, weights: batch_arrays(examples, indices, weights, max_length, pad_id),
+        split=split, batch_size=batch_size, seed=seed, process_index=process_index,
+        process_count=process_count, name=data_cfg.task)
 
 
 def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer, batch_size: int,

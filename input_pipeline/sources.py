@@ -30,10 +30,14 @@ from jax.experimental import multihost_utils
 import ml_collections
 
 from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline import words as words_lib
 
 SOURCES = ('embedded', 'files', 'tfds')
 # Enough text for a good vocabulary; learning from all of Wikipedia is slow.
 VOCAB_MAX_SENTENCES = 200_000
+# Counting words is fast, and a word vocabulary needs more text than subwords
+# to reach its rarer entries (ELMo's 793,471 words are lm1b's words seen 3 times).
+WORD_VOCAB_MAX_SENTENCES = 2_000_000
 
 Document = list[str]
 
@@ -337,7 +341,8 @@ def default_data_dir(data_cfg: ml_collections.ConfigDict) -> str:
 
 # data.tokenizer -> the class; its FILE_NAME is what a run saves in its workdir.
 TOKENIZERS = {'wordpiece': tokenizer_lib.WordPieceTokenizer,  # BERT, Devlin et al. 2018 sec. 3
-              'bpe': tokenizer_lib.ByteLevelBPETokenizer}  # GPT, Radford et al. 2018 sec. 4.1
+              'bpe': tokenizer_lib.ByteLevelBPETokenizer,  # GPT, Radford et al. 2018 sec. 4.1
+              'words': words_lib.WordVocab}  # ELMo, Peters et al. 2018 sec. 3.1
 
 
 def document_text(document: Document) -> str:
@@ -346,7 +351,7 @@ def document_text(document: Document) -> str:
 
 
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
-                  saved_dir: str | None = None) -> tokenizer_lib.Tokenizer:
+                  saved_dir: str | None = None) -> tokenizer_lib.Tokenizer | words_lib.WordVocab:
   """The vocabulary saved in `saved_dir`, else data.vocab_file, else one learned and cached.
 
   A run saves its vocabulary file (the class's FILE_NAME) in its workdir, so a
@@ -356,7 +361,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
   kind = data_cfg.get('tokenizer', 'wordpiece')
   if kind not in TOKENIZERS:
     raise ValueError(f'Unknown data.tokenizer {kind!r}: set --config.data.tokenizer to '
-                     "'wordpiece' (BERT) or 'bpe' (GPT, byte-level).")
+                     "'wordpiece' (BERT), 'bpe' (GPT, byte-level) or 'words' (ELMo).")
   tokenizer_class = TOKENIZERS[kind]
   file_name = tokenizer_class.FILE_NAME
   if saved_dir:
@@ -373,17 +378,20 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
       raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is not a {kind} {file_name}:'
                        ' point it at one, or change data.tokenizer to match the file.')
     return tokenizer_class(data_cfg.vocab_file, data_cfg.lower_case)
-  casing = 'uncased' if data_cfg.lower_case else 'cased'
+  casing = 'uncased' if data_cfg.lower_case and kind != 'words' else 'cased'
   extension = os.path.splitext(file_name)[1]
   path = os.path.join(default_data_dir(data_cfg), 'vocab',
                       f'{_source_key(data_cfg)}-{kind}-{vocab_size}-{casing}{extension}')
   if not os.path.exists(path):
     started = time.time()
     docs = documents(data_cfg, 'train')
+    sentences = (s for doc in docs for s in doc)
     if kind == 'wordpiece':
-      sentences = (s for doc in docs for s in doc)
       tokenizer_lib.learn_vocab(itertools.islice(sentences, VOCAB_MAX_SENTENCES), vocab_size,
                                 data_cfg.lower_case, path)
+    elif kind == 'words':
+      words_lib.learn_word_vocab(itertools.islice(sentences, WORD_VOCAB_MAX_SENTENCES),
+                                 vocab_size, path)
     else:
       # Whole documents, as packed_lm encodes them: a sentence's first word then
       # has the leading space it has in the model's input.

@@ -77,9 +77,9 @@ def test_empty_source(tmp_path):
      'holds no checkpoint'),
     ('configs/gpt.py:tiny', ('--config.data.tokenizer=sentencepiece',),
      "Unknown data.tokenizer 'sentencepiece'"),
-    ('configs/gpt.py:tiny', ('--config.optimizer.schedule=step',), 'use linear or cosine'),
+    ('configs/gpt.py:tiny', ('--config.optimizer.schedule=step',), 'use one of linear, cosine, constant'),
     ('configs/gpt.py:tiny', ('--config.model.head=pool',), "model.head='pool'"),
-    ('configs/gpt.py:tiny', ('--config.data.pipeline=bilm',), "Unknown data.pipeline 'bilm'"),
+    ('configs/gpt.py:tiny', ('--config.data.pipeline=elmo',), "Unknown data.pipeline 'elmo'"),
 ])
 def test_gpt_config_errors(tmp_path, config, overrides, expected):
   line = error_line(run_train(tmp_path, *overrides, config=config))

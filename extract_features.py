@@ -1,0 +1,146 @@
+"""Writes the ELMo representations of every token of a text file (Peters et al. 2018, sec. 3.2).
+
+    python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt --output=features.h5
+    python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt \
+        --output=features.npz --layers=average
+
+One sentence per line (empty lines are skipped), split into words as the
+pretraining text was. Each sentence becomes one dataset named by its line's
+index among the non-empty lines ("0", "1", ...), as bilm-tf's
+dump_bilm_embeddings does: --layers=all gives (2L+1, n, 2D) float32 (the
+token layer duplicated, then each LSTM layer's [forward; backward]); top gives
+the top layer (n, 2D); average the equal-weight mix (n, 2D). The <S> and </S>
+the biLM reads around the sentence are left out. A dataset
+"sentence_to_index" holds a JSON object from each sentence's text to its
+index, as allennlp's elmo command writes. Works on any workdir whose config
+trains models.elmo (configs/elmo.py).
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import train
+from input_pipeline import words as words_lib
+from models import elmo
+
+LAYERS = ('all', 'top', 'average')
+
+
+def load_bilm(workdir: str) -> tuple[ml_collections.ConfigDict, elmo.Model, dict, object]:
+  """The config, pretraining model, parameters (latest checkpoint) and vocabulary of an ELMo run."""
+  return train.load_trained(workdir, 'elmo', 'extract_features.py (configs/elmo.py)')
+
+
+def read_sentences(path: str) -> list[str]:
+  if not os.path.isfile(path):
+    raise ValueError(f'--input={path!r} does not exist: pass a text file, one sentence per line.')
+  with open(path, encoding='utf-8') as f:
+    sentences = [line.strip() for line in f if line.strip()]
+  if not sentences:
+    raise ValueError(f'--input={path!r} has no sentences: one sentence per line.')
+  return sentences
+
+
+def _bucket(length: int) -> int:
+  """Padded lengths are powers of two (at least 8), so few shapes are compiled."""
+  return max(8, 1 << (length - 1).bit_length())
+
+
+def representations(model: elmo.Model, params, vocab, config, sentences: list[str], *,
+                    layers: str, batch_size: int) -> list[np.ndarray]:
+  """Per sentence, its words' ELMo layers (J, n, 2D), or the top or averaged layer (n, 2D)."""
+  width = config.data.max_characters_per_token
+
+  @jax.jit
+  def run(bilm_params, char_ids_BLW, lengths_B):
+    encoder = elmo.BiLM(model.config)
+    out = encoder.apply({'params': bilm_params}, char_ids_BLW, lengths_B, deterministic=True)
+    layers_BJLX = elmo.elmo_layers(out['token_BLD'], out['forward'], out['backward'])
+    return {'all': layers_BJLX, 'top': layers_BJLX[:, -1],
+            'average': layers_BJLX.mean(axis=1)}[layers]
+
+  framed = [vocab.sentence(words_lib.word_tokens(s), width) for s in sentences]
+  # Sorted by length, so a batch pads little.
+  order = sorted(range(len(sentences)), key=lambda i: len(framed[i][0]))
+  results = [None] * len(sentences)
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = _bucket(max(len(framed[i][0]) for i in chunk))
+    char_ids = np.zeros((batch_size, length, width), np.int32)
+    lengths = np.zeros(batch_size, np.int32)
+    for row, i in enumerate(chunk):
+      n = len(framed[i][0])
+      char_ids[row, :n], lengths[row] = framed[i][1], n
+    out = np.asarray(run(params['bilm'], jnp.asarray(char_ids), jnp.asarray(lengths)), np.float32)
+    for row, i in enumerate(chunk):
+      # Positions 1 .. n-2: the words, without <S> and </S>.
+      words = slice(1, lengths[row] - 1)
+      results[i] = out[row][:, words] if layers == 'all' else out[row][words]
+  return results
+
+
+def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
+  """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index."""
+  index = json.dumps({s: i for i, s in reversed(list(enumerate(sentences)))})
+  tmp = path + '.tmp'
+  if path.endswith('.npz'):
+    with open(tmp, 'wb') as f:
+      np.savez(f, sentence_to_index=np.array(index),
+               **{str(i): x for i, x in enumerate(features)})
+  else:
+    import h5py  # pylint: disable=g-import-not-at-top
+    with h5py.File(tmp, 'w') as f:
+      for i, x in enumerate(features):
+        f.create_dataset(str(i), data=x)
+      f.create_dataset('sentence_to_index', data=np.array([index], dtype=h5py.string_dtype()))
+  os.replace(tmp, path)  # a crash leaves no half-written file under the output name
+
+
+def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
+            batch_size: int = 32) -> int:
+  """Writes the features of every sentence of `input_path` to `output`; returns the count."""
+  if layers not in LAYERS:
+    raise ValueError(f'--layers={layers!r}: use one of {", ".join(LAYERS)}.')
+  if not output.endswith(('.h5', '.hdf5', '.npz')):
+    raise ValueError(f'--output={output!r}: name a .h5, .hdf5 or .npz file.')
+  if batch_size < 1:
+    raise ValueError('--batch_size must be 1 or more.')
+  sentences = read_sentences(input_path)
+  config, model, params, vocab = load_bilm(workdir)
+  features = representations(model, params, vocab, config, sentences, layers=layers,
+                             batch_size=batch_size)
+  write(output, sentences, features)
+  return len(sentences)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  f = flags.FLAGS
+  if not (f.workdir and f.input and f.output):
+    sys.exit('extract_features.py: error: pass --workdir=DIR --input=FILE --output=FILE.h5.')
+  try:
+    count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'extract_features.py: error: {e}')
+  print(f'Wrote the ELMo {f.layers} layers of {count} sentences to {f.output}.', flush=True)
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('workdir', None, 'Workdir of an ELMo pretraining run.')
+  flags.DEFINE_string('input', None, 'Text file, one sentence per line.')
+  flags.DEFINE_string('output', None, 'Output file: .h5/.hdf5 (hdf5) or .npz.')
+  flags.DEFINE_enum('layers', 'all', LAYERS, 'all (2L+1, n, 2D), top or average (n, 2D).')
+  flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')
+  app.run(main)

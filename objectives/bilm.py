@@ -1,0 +1,142 @@
+"""biLM pretraining loss: forward and backward LM NLL through a shared softmax (Peters et al. 2018, sec. 3.1).
+
+The paper maximizes the sum of the forward and backward log likelihoods;
+bilm-tf's LanguageModel._build_loss (bilm/training.py) trains on their MEAN,
+0.5 * (forward mean NLL + backward mean NLL), and reports exp of it as the
+perplexity. We follow bilm-tf (the sum only doubles the gradient). Each
+direction's NLL is averaged over its targets, taken from the batch: the
+forward target at t is token_ids[t+1] for t < length - 1, the backward target
+at t is token_ids[t-1] for 1 <= t < length, so targets never leave the row.
+
+In training the model may hand over a sample of classes ('sampled_ids',
+'log_expected_counts'); the loss is then the sampled softmax of Jean et al.
+(2015) as TensorFlow's sampled_softmax_loss computes it (bilm-tf's choice):
+the softmax over [target, samples], every logit minus the log of its class's
+expected count in the sample, samples equal to the target removed. Without
+samples (always in eval) it is the full softmax over the vocabulary.
+Metrics are (sum, count) pairs, as in objectives/lm.py.
+"""
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from objectives import lm
+
+Array = jax.Array
+
+# TF pushes accidental hits down by -FLOAT_MAX; selecting a finite value instead of adding one
+# keeps the logit finite whatever it was, so the softmax never sees inf - inf.
+_REMOVED_LOGIT = float(np.finfo(np.float32).min)
+
+
+def full_softmax_logits(states_ND: Array, kernel_VD: Array, bias_V: Array) -> Array:
+  """Logits over the whole vocabulary, (N, V) float32."""
+  states_ND = states_ND.astype(jnp.float32)
+  return states_ND @ kernel_VD.astype(jnp.float32).T + bias_V.astype(jnp.float32)
+
+
+def full_softmax_nll(states_ND: Array, kernel_VD: Array, bias_V: Array, targets_N: Array
+                     ) -> Array:
+  """-log softmax(states @ kernel.T + bias)[target] per row, (N,) float32."""
+  logits_NV = full_softmax_logits(states_ND, kernel_VD, bias_V)
+  return optax.softmax_cross_entropy_with_integer_labels(logits_NV, targets_N)
+
+
+def sampled_softmax_nll(states_ND: Array, kernel_VD: Array, bias_V: Array, targets_N: Array,
+                        sampled_ids_K: Array, log_expected_counts_V: Array) -> Array:
+  """Sampled softmax NLL per row (Jean et al. 2015, sec. 3; TF's sampled_softmax_loss), (N,) float32.
+
+  Only the target's and the K sampled rows of the kernel are used, so no
+  (N, V) array is formed. With every class sampled once (log expected count
+  0) it equals full_softmax_nll. Otherwise its value is biased (mostly low):
+  the sample's sum of exp(logit) / expected count estimates the partition
+  function without bias, its log does not, and the target's own correction
+  makes the value grow like log K for K >> V when sampling with replacement.
+  It is a training objective; report the full softmax in eval.
+  """
+  states_ND = states_ND.astype(jnp.float32)
+  kernel_VD = kernel_VD.astype(jnp.float32)
+  log_q_V = log_expected_counts_V.astype(jnp.float32)
+  bias_V = bias_V.astype(jnp.float32)
+  true_N = (jnp.einsum('nd,nd->n', states_ND, kernel_VD[targets_N])
+            + bias_V[targets_N] - log_q_V[targets_N])
+  sampled_NK = (states_ND @ kernel_VD[sampled_ids_K].T
+                + (bias_V[sampled_ids_K] - log_q_V[sampled_ids_K])[None, :])
+  hit_NK = sampled_ids_K[None, :] == targets_N[:, None]
+  sampled_NK = jnp.where(hit_NK, _REMOVED_LOGIT, sampled_NK)
+  logits_NK1 = jnp.concatenate([true_N[:, None], sampled_NK], axis=1)
+  return jax.nn.logsumexp(logits_NK1, axis=1) - true_N
+
+
+def direction_targets(token_ids_BL: Array, lengths_B: Array
+                      ) -> dict[str, tuple[Array, Array]]:
+  """{'forward': (targets_BL, valid_BL), 'backward': (...)}: the next / previous token within the row."""
+  length = token_ids_BL.shape[1]
+  lengths_B1 = jnp.clip(lengths_B, 0, length)[:, None]
+  t_1L = jnp.arange(length)[None, :]
+  zeros_B1 = jnp.zeros_like(token_ids_BL[:, :1])
+  forward_BL = jnp.concatenate([token_ids_BL[:, 1:], zeros_B1], axis=1)
+  backward_BL = jnp.concatenate([zeros_B1, token_ids_BL[:, :-1]], axis=1)
+  forward_valid_BL = t_1L < lengths_B1 - 1
+  backward_valid_BL = (t_1L >= 1) & (t_1L < lengths_B1)
+  # Padding ids are never read as labels, but keep them in range for the gathers.
+  return {'forward': (jnp.where(forward_valid_BL, forward_BL, 0), forward_valid_BL),
+          'backward': (jnp.where(backward_valid_BL, backward_BL, 0), backward_valid_BL)}
+
+
+def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
+            gradient_scale: float = 1.0) -> tuple[Array, dict[str, Array]]:
+  """0.5 * (forward mean NLL + backward mean NLL), as bilm-tf trains; sampled softmax when given samples.
+
+  The returned loss is multiplied by `gradient_scale`, the metrics are not:
+  bilm-tf differentiates the loss times unroll_steps (the window length),
+  which matters to Adagrad's first steps (its accumulators start at 1.0).
+  """
+  sampled = 'sampled_ids' in outputs
+  metrics, sums, counts = {}, {}, {}
+  targets = direction_targets(batch['token_ids'], batch['lengths'])
+  for direction, (targets_BL, valid_BL) in targets.items():
+    states_BLD = outputs[f'{direction}_states']
+    targets_N, valid_N = targets_BL.reshape(-1), valid_BL.reshape(-1)
+    # Zeroed rather than masked afterwards: garbage states at padding would still give NaN gradients.
+    states_ND = jnp.where(valid_N[:, None],
+                          states_BLD.reshape(valid_N.shape[0], -1).astype(jnp.float32), 0.0)
+    if sampled:
+      nll_N = sampled_softmax_nll(states_ND, outputs['softmax_kernel'], outputs['softmax_bias'],
+                                  targets_N, outputs['sampled_ids'],
+                                  outputs['log_expected_counts'])
+      sums[direction] = jnp.where(valid_N, nll_N, 0.0).sum()
+      counts[direction] = valid_N.sum().astype(jnp.float32)
+    else:
+      logits_NV = full_softmax_logits(states_ND, outputs['softmax_kernel'],
+                                      outputs['softmax_bias'])
+      sums[direction], counts[direction], correct = lm.token_stats(
+          logits_NV, targets_N, valid_N.astype(jnp.float32))
+      metrics[f'{direction}_accuracy'] = lm.pair(correct, counts[direction])
+    metrics[f'{direction}_loss'] = lm.pair(sums[direction], counts[direction])
+  loss = 0.5 * sum(sums[d] / jnp.maximum(counts[d], 1.0) for d in targets)
+  # Both directions have max(length - 1, 0) targets per row, so this pooled pair's mean is
+  # the loss above, and unlike the loss it adds up across micro-batches, devices and steps.
+  metrics['loss'] = lm.pair(sum(sums.values()), sum(counts.values()))
+  return gradient_scale * loss, metrics
+
+
+_REPORT_ORDER = ('loss', 'perplexity', 'forward_loss', 'forward_perplexity', 'forward_accuracy',
+                 'backward_loss', 'backward_perplexity', 'backward_accuracy')
+
+
+def summarize(totals: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """Means of the accumulated (sum, count) pairs, plus the perplexities bilm-tf reports."""
+  means = {k: float(v[0] / max(v[1], 1e-9)) for k, v in totals.items()}
+  directions = [d for d in ('forward', 'backward') if f'{d}_loss' in means]
+  for d in directions:
+    means[f'{d}_perplexity'] = float(np.exp(min(means[f'{d}_loss'], 50.0)))
+  if directions:
+    mean_loss = np.mean([means[f'{d}_loss'] for d in directions])
+    means['perplexity'] = float(np.exp(min(mean_loss, 50.0)))
+  first = [k for k in _REPORT_ORDER if k in means]
+  return {k: means[k] for k in first + sorted(set(means) - set(first))}

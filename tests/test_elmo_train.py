@@ -1,0 +1,149 @@
+"""ELMo end to end: the tiny biLM learns, its features are extracted exactly, and they help a tagger."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+import extract_features
+from input_pipeline import words as words_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One device: 8 simulated devices on 2 cores would slow these runs several times.
+_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('data'))
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def run_train(config_arg: str, workdir: str, data_dir: str, *overrides: str) -> None:
+  result = subprocess.run(
+      [sys.executable, 'train.py', f'--config={config_arg}', f'--workdir={workdir}',
+       f'--config.data.data_dir={data_dir}', *overrides],
+      cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope='module')
+def pretrained(data_dir, tmp_path_factory):
+  """The first 300 steps of configs/elmo.py:tiny (the issue's learning check), shared below."""
+  workdir = str(tmp_path_factory.mktemp('elmo_tiny'))
+  run_train('configs/elmo.py:tiny', workdir, data_dir, '--config.train.num_steps=300',
+            '--config.train.eval_every=300', '--config.train.checkpoint_every=300')
+  return workdir
+
+
+@pytest.mark.slow
+def test_tiny_bilm_perplexity_falls(pretrained):
+  """Both directions' perplexities fall well below the unigram level in 300 steps."""
+  metrics = read_metrics(pretrained)
+  logged = [m for m in metrics if 'loss' in m]
+  first, last = logged[0], logged[-1]
+  evals = [m for m in metrics if 'eval_loss' in m]
+  print(f"perplexity {first['perplexity']:.0f} (steps 1-20) -> {last['perplexity']:.0f} "
+        f"(step {last['step']}); eval forward {evals[-1]['eval_forward_perplexity']:.0f}, "
+        f"backward {evals[-1]['eval_backward_perplexity']:.0f}")
+  assert last['step'] == 300
+  assert last['perplexity'] < first['perplexity'] / 4
+  for direction in ('forward', 'backward'):
+    assert evals[-1][f'eval_{direction}_perplexity'] < first[f'{direction}_perplexity'] / 4
+  assert os.path.exists(os.path.join(pretrained, words_lib.WordVocab.FILE_NAME))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('output_name', ['features.h5', 'features.npz'])
+def test_extracted_features_equal_the_model_outputs(pretrained, tmp_path, output_name):
+  sentences = ['The file is opened for reading .', 'Return the value', 'x']
+  source = tmp_path / 'sentences.txt'
+  source.write_text('\n'.join(sentences[:2]) + '\n\n' + sentences[2] + '\n', encoding='utf-8')
+  output = str(tmp_path / output_name)
+  if output_name.endswith('.h5'):  # the command line
+    result = subprocess.run(
+        [sys.executable, 'extract_features.py', f'--workdir={pretrained}', f'--input={source}',
+         f'--output={output}', '--batch_size=2'],
+        cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+  else:  # the function, in this process
+    assert extract_features.extract(pretrained, str(source), output, batch_size=2) == 3
+
+  config, model, params, vocab = extract_features.load_bilm(pretrained)
+  width = config.data.max_characters_per_token
+  two_d = 2 * config.model.projection_dim
+  if output_name.endswith('.h5'):
+    with h5py.File(output, 'r') as f:
+      read = {k: np.asarray(f[k]) for k in f}
+    index = json.loads(read['sentence_to_index'][0])
+  else:
+    with np.load(output) as f:
+      read = {k: f[k] for k in f.files}
+    index = json.loads(str(read['sentence_to_index']))
+  assert index == {s: i for i, s in enumerate(sentences)}
+  for i, sentence in enumerate(sentences):
+    token_ids, char_ids = vocab.sentence(words_lib.word_tokens(sentence), width)
+    n = len(token_ids)
+    # The model alone, on one unpadded sentence.
+    out = model.apply({'params': params}, {
+        'char_ids': char_ids[None], 'token_ids': token_ids[None],
+        'lengths': np.array([n], np.int32)}, deterministic=True)
+    expected = np.asarray(out['layers'][0, :, 1:n - 1])
+    assert read[str(i)].shape == (config.model.num_layers + 1, n - 2, two_d)  # 2L+1 = J layers of [fw; bw]
+    np.testing.assert_allclose(read[str(i)], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_extraction_rejects_bad_input(tmp_path):
+  with pytest.raises(ValueError, match='does not exist'):
+    extract_features.extract(str(tmp_path), str(tmp_path / 'x.txt'), str(tmp_path / 'f.h5'))
+  (tmp_path / 'x.txt').write_text('A sentence .\n', encoding='utf-8')
+  with pytest.raises(ValueError, match='holds no config.json'):
+    extract_features.extract(str(tmp_path), str(tmp_path / 'x.txt'), str(tmp_path / 'f.h5'))
+  with pytest.raises(ValueError, match='--output'):
+    extract_features.extract(str(tmp_path), str(tmp_path / 'x.txt'), str(tmp_path / 'f.txt'))
+  with pytest.raises(ValueError, match='--layers'):
+    extract_features.extract(str(tmp_path), str(tmp_path / 'x.txt'), str(tmp_path / 'f.h5'),
+                             layers='middle')
+
+
+def final_eval(workdir):
+  return [m for m in read_metrics(workdir) if 'eval_loss' in m][-1]
+
+
+@pytest.mark.slow
+def test_tagger_with_elmo_beats_the_same_tagger_without(pretrained, data_dir, tmp_path):
+  """Feature-based transfer (sec. 3.3, Table 1) on the offline replaced-word task.
+
+  The baseline learns the same word vocabulary from the same cache (data_dir),
+  so the two task models differ only in ELMo.
+  """
+  runs = {}
+  for use_elmo in (True, False):
+    workdir = str(tmp_path / f'elmo_{use_elmo}')
+    init = [f'--config.init_from={pretrained}'] if use_elmo else []
+    run_train('configs/elmo_tagger.py:offline_replaced,tiny', workdir, data_dir, *init,
+              f'--config.model.use_elmo={use_elmo}')
+    runs[use_elmo] = final_eval(workdir)
+  with_elmo, without = runs[True], runs[False]
+  print(f"offline_replaced eval: with ELMo accuracy {with_elmo['eval_accuracy']:.3f}, "
+        f"F1 {with_elmo['eval_span_f1']:.3f}; without {without['eval_accuracy']:.3f}, "
+        f"F1 {without['eval_span_f1']:.3f}")
+  assert with_elmo['eval_span_f1'] > without['eval_span_f1'] + 0.1
+  assert with_elmo['eval_accuracy'] > without['eval_accuracy']
+
+
+def test_tagger_with_elmo_needs_a_pretrained_bilm(tmp_path):
+  result = subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/elmo_tagger.py:offline_replaced,tiny',
+       f'--workdir={tmp_path}'], cwd=ROOT, env=_ENV, capture_output=True, text=True,
+      timeout=300, check=False)
+  assert result.returncode != 0
+  assert 'config.init_from' in result.stderr.strip().splitlines()[-1]
