@@ -92,7 +92,17 @@ def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
   """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index."""
   index = json.dumps({s: i for i, s in reversed(list(enumerate(sentences)))})
   tmp = path + '.tmp'
-  if path.endswith('.npz'):
+  try:
+    _write_file(tmp, index, features)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  os.replace(tmp, path)  # a crash leaves no half-written file under the output name
+
+
+def _write_file(tmp: str, index: str, features: list[np.ndarray]) -> None:
+  if tmp.endswith('.npz.tmp'):
     with open(tmp, 'wb') as f:
       np.savez(f, sentence_to_index=np.array(index),
                **{str(i): x for i, x in enumerate(features)})
@@ -102,7 +112,6 @@ def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
       for i, x in enumerate(features):
         f.create_dataset(str(i), data=x)
       f.create_dataset('sentence_to_index', data=np.array([index], dtype=h5py.string_dtype()))
-  os.replace(tmp, path)  # a crash leaves no half-written file under the output name
 
 
 def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
@@ -114,6 +123,8 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
     raise ValueError(f'--output={output!r}: name a .h5, .hdf5 or .npz file.')
   if batch_size < 1:
     raise ValueError('--batch_size must be 1 or more.')
+  if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+    raise ValueError(f'--output={output!r}: its directory does not exist; create it first.')
   sentences = read_sentences(input_path)
   config, model, params, vocab = load_bilm(workdir)
   features = representations(model, params, vocab, config, sentences, layers=layers,

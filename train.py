@@ -109,11 +109,12 @@ def validate(config, mesh) -> None:
                      'give data or fsdp more devices in config.mesh.')
 
 
-# Fields of config.model that change parameter shapes or names.
+# Fields of config.model that change parameter shapes or names, or what the loaded
+# parameters compute (a frozen biLM with other clipping would give other features).
 _SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
                  'max_position_embeddings', 'type_vocab_size', 'scan_layers',
                  'char_dim', 'max_characters_per_token', 'filters', 'num_highway',
-                 'projection_dim', 'lstm_dim')
+                 'projection_dim', 'lstm_dim', 'cell_clip', 'proj_clip')
 
 
 def _as_json(value: Any) -> Any:
@@ -145,7 +146,7 @@ def check_init_from(config, workdir: str) -> None:
     if theirs != _as_json(config[part][field]):
       raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
                        f'config.init_from has {theirs}: pick the size it was trained with '
-                       f'(e.g. configs/gpt_finetune.py:<task>,tiny) or set '
+                       f'(the config argument <task>,<size>) or set '
                        f'--config.{part}.{field}={theirs}.')
 
 
@@ -196,8 +197,10 @@ def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
 def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
   """Clipping then AdamW (BERT, GPT) or Adagrad (bilm-tf); optimizer.frozen params never move."""
   if opt_cfg.get('name', 'adamw') == 'adagrad':
-    update = optax.adagrad(schedule, initial_accumulator_value=opt_cfg.initial_accumulator_value,
-                           eps=opt_cfg.eps)
+    # optax's defaults when the config leaves them out; bilm-tf starts the accumulators at 1.0.
+    update = optax.adagrad(schedule,
+                           initial_accumulator_value=opt_cfg.get('initial_accumulator_value', 0.1),
+                           eps=opt_cfg.get('eps', 1e-7))
   else:
     update = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                          weight_decay=opt_cfg.weight_decay, mask=decay_mask)
@@ -242,9 +245,8 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
 
   def compute_loss(params, batch, rng):
     # 'sampling' draws the sampled softmax's classes (ELMo); other models ignore it.
-    dropout_rng, sampling_rng = jax.random.split(rng)
     outputs = model.apply({'params': params}, batch, deterministic=False,
-                          rngs={'dropout': dropout_rng, 'sampling': sampling_rng})
+                          rngs={'dropout': rng, 'sampling': jax.random.fold_in(rng, 1 << 30)})
     return loss_fn(outputs, batch)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)

@@ -27,7 +27,7 @@ VARIANTS = {
                   lstm_dim=1024, vocab_size=100_000, num_sampled=4096, max_seq_length=20,
                   batch_size=128, num_steps=200_000, learning_rate=0.2),
     'base': dict(filters=FULL_FILTERS, projection_dim=512, lstm_dim=4096, vocab_size=793_471,
-                 num_sampled=8192, max_seq_length=20, batch_size=384, num_steps=1_000_000,
+                 num_sampled=8192, max_seq_length=20, batch_size=384, num_steps=1_000_845,
                  learning_rate=0.2),
 }
 

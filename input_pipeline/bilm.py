@@ -42,6 +42,12 @@ def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:
                    'character between the word markers: use 3 or more (ELMo uses 50).'))
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """One-line errors before anything is learned or compiled."""
+  words_lib.check_tokenizer(config.data)
+  validate(config.data, config.train.batch_size)
+
+
 def stream_rows(token_ids: np.ndarray, char_ids: np.ndarray, length: int) -> Batch:
   """A token stream (T,) with its char ids (T, W) cut into rows of `length`, the last one padded."""
   total, width = char_ids.shape

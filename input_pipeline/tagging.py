@@ -109,6 +109,7 @@ def task_spec(name: str) -> Task:
 def validate(data_cfg: ml_collections.ConfigDict) -> Task:
   """The configured task, after checking that its sentences fit, in one line naming the fix."""
   task = task_spec(data_cfg.task)
+  words_lib.check_tokenizer(data_cfg)
   length, width = data_cfg.max_seq_length, data_cfg.max_characters_per_token
   if length < task.min_words + 2:
     raise ValueError(f'data.max_seq_length={length} leaves no room for {task.min_words} '

@@ -40,6 +40,14 @@ _WORD = re.compile(r"(?:[^\W\d_]\.){2,}|\w+(?:[-'.]\w+)*|'(?:s|re|ve|ll|m|d)\b|[
                    re.IGNORECASE)
 
 
+def check_tokenizer(data_cfg) -> None:
+  """ELMo's pipelines read words and characters: data.tokenizer must be 'words'."""
+  if data_cfg.get('tokenizer') != 'words':
+    raise ValueError(f'data.pipeline={data_cfg.pipeline!r} needs data.tokenizer=\'words\' (a '
+                     f'word vocabulary and character ids), not {data_cfg.get("tokenizer")!r}: '
+                     "set --config.data.tokenizer=words.")
+
+
 def word_tokens(text: str) -> list[str]:
   """The words of a text: split at spaces, with punctuation split off as words of its own.
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models.char_cnn import CharCNN
 from models.lstm import LSTM
@@ -249,23 +250,23 @@ def sample_candidates(rng: Array, vocab_size: int, num_sampled: int,
   if num_sampled >= vocab_size:
     return jnp.arange(vocab_size, dtype=jnp.int32), jnp.zeros((vocab_size,), jnp.float32)
   _, ids_K = jax.lax.top_k(log_q_V + jax.random.gumbel(rng, (vocab_size,)), num_sampled)
-  return ids_K.astype(jnp.int32), _log_expected_counts_without_replacement(log_q_V, num_sampled)
+  return ids_K.astype(jnp.int32), jnp.asarray(
+      _log_expected_counts_without_replacement(vocab_size, num_sampled))
 
 
-def _log_expected_counts_without_replacement(log_q_V: Array, num_sampled: int) -> Array:
-  log1m_q_V = jnp.log1p(-jnp.exp(log_q_V))
-  counts = lambda log_tries: -jnp.expm1(jnp.exp(log_tries) * log1m_q_V)  # noqa: E731
-
-  def bisect(_, bounds):
-    low, high = bounds
-    middle = 0.5 * (low + high)
-    too_many = counts(middle).sum() > num_sampled
-    return jnp.where(too_many, low, middle), jnp.where(too_many, middle, high)
-
+@functools.lru_cache(maxsize=8)
+def _log_expected_counts_without_replacement(vocab_size: int, num_sampled: int) -> np.ndarray:
+  """log(1 - (1 - q)^T) with T such that the counts sum to K: a constant of (V, K), so numpy once."""
+  c_V = np.arange(vocab_size, dtype=np.float64)
+  q_V = np.log1p(1.0 / (c_V + 1.0)) / math.log(vocab_size + 1.0)
+  log1m_q_V = np.log1p(-q_V)
+  counts = lambda log_tries: -np.expm1(np.exp(log_tries) * log1m_q_V)  # noqa: E731
   # K tries give at most K distinct classes; 30 / min q tries give all of them.
-  low, high = math.log(num_sampled), math.log(30.0) - jnp.min(log_q_V)
-  low, high = jax.lax.fori_loop(0, 50, bisect, (jnp.float32(low), high))
-  return jnp.log(counts(0.5 * (low + high)))
+  low, high = math.log(num_sampled), math.log(30.0 / q_V.min())
+  for _ in range(60):
+    middle = 0.5 * (low + high)
+    low, high = (low, middle) if counts(middle).sum() > num_sampled else (middle, high)
+  return np.log(counts(0.5 * (low + high))).astype(np.float32)
 
 
 def train_flops_per_example(cfg: Config, data_cfg) -> float:

@@ -111,3 +111,22 @@ def test_gradients_skip_the_frozen_bilm():
     assert grads[name]['gamma'] != 0 and grads[name]['scalar_weights'].all(), name
   want_l2 = 0.25 + 1.0 + 4.0 + (params['output_mix']['scalar_weights'] ** 2).sum()
   np.testing.assert_allclose(outputs['mix_l2'], want_l2, rtol=1e-6)
+
+
+def test_frozen_parameters_get_no_update_even_with_weight_decay():
+  """optimizer.frozen: the biLM stays as pretrained (sec. 3.3), whatever its gradient."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import train  # pylint: disable=g-import-not-at-top
+  opt_cfg = ml_collections.ConfigDict(dict(
+      name='adamw', learning_rate=0.1, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.5,
+      clip_norm=1.0, frozen=('bilm',)))
+  params = {'bilm': {'kernel': jnp.ones((3, 2))}, 'classifier': {'kernel': jnp.ones((2, 2))}}
+  grads = jax.tree.map(jnp.ones_like, params)  # a gradient the stop-gradient would have zeroed
+  tx = train.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert not np.asarray(updates['bilm']['kernel']).any()
+  assert np.asarray(updates['classifier']['kernel']).all()
+  opt_cfg.frozen = ()
+  tx = train.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
+  assert np.asarray(tx.update(grads, tx.init(params), params)[0]['bilm']['kernel']).all()

@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import h5py
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 import extract_features
+from configs import elmo as elmo_configs
+from input_pipeline import sources
 from input_pipeline import words as words_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,21 +48,33 @@ def pretrained(data_dir, tmp_path_factory):
   return workdir
 
 
+def unigram_perplexity(workdir: str, data_dir: str) -> float:
+  """Perplexity on the eval split of the add-one unigram model of the train split (same vocabulary)."""
+  config = elmo_configs.get_config('tiny')
+  config.data.data_dir = data_dir
+  vocab = words_lib.WordVocab(os.path.join(workdir, words_lib.WordVocab.FILE_NAME))
+  def ids(split):  # the tokens a target can be: words and </S> (never <S>)
+    return np.concatenate([np.append(vocab.ids(words_lib.word_tokens(s)), vocab.eos_id)
+                           for doc in sources.documents(config.data, split) for s in doc])
+  counts = np.bincount(ids('train'), minlength=vocab.vocab_size) + 1.0
+  return float(np.exp(-np.log(counts / counts.sum())[ids('eval')].mean()))
+
+
 @pytest.mark.slow
-def test_tiny_bilm_perplexity_falls(pretrained):
-  """Both directions' perplexities fall well below the unigram level in 300 steps."""
+def test_tiny_bilm_perplexity_falls(pretrained, data_dir):
+  """Both directions' eval perplexities fall well below the unigram model's in 300 steps."""
   metrics = read_metrics(pretrained)
   logged = [m for m in metrics if 'loss' in m]
   first, last = logged[0], logged[-1]
   evals = [m for m in metrics if 'eval_loss' in m]
+  unigram = unigram_perplexity(pretrained, data_dir)
   print(f"perplexity {first['perplexity']:.0f} (steps 1-20) -> {last['perplexity']:.0f} "
         f"(step {last['step']}); eval forward {evals[-1]['eval_forward_perplexity']:.0f}, "
-        f"backward {evals[-1]['eval_backward_perplexity']:.0f}")
+        f"backward {evals[-1]['eval_backward_perplexity']:.0f}; unigram {unigram:.0f}")
   assert last['step'] == 300
   assert last['perplexity'] < first['perplexity'] / 4
   for direction in ('forward', 'backward'):
-    assert evals[-1][f'eval_{direction}_perplexity'] < first[f'{direction}_perplexity'] / 4
-  assert os.path.exists(os.path.join(pretrained, words_lib.WordVocab.FILE_NAME))
+    assert evals[-1][f'eval_{direction}_perplexity'] < 0.6 * unigram
 
 
 @pytest.mark.slow
@@ -74,8 +90,16 @@ def test_extracted_features_equal_the_model_outputs(pretrained, tmp_path, output
          f'--output={output}', '--batch_size=2'],
         cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-  else:  # the function, in this process
+  else:  # the function, in this process, with the other --layers too
     assert extract_features.extract(pretrained, str(source), output, batch_size=2) == 3
+    for layers in ('top', 'average'):
+      extract_features.extract(pretrained, str(source), str(tmp_path / f'{layers}.npz'),
+                               layers=layers)
+    with np.load(output) as all_layers, np.load(tmp_path / 'top.npz') as top, \
+        np.load(tmp_path / 'average.npz') as average:
+      for i in range(3):
+        np.testing.assert_allclose(top[str(i)], all_layers[str(i)][-1], atol=1e-6)
+        np.testing.assert_allclose(average[str(i)], all_layers[str(i)].mean(0), atol=1e-6)
 
   config, model, params, vocab = extract_features.load_bilm(pretrained)
   width = config.data.max_characters_per_token
@@ -114,6 +138,14 @@ def test_extraction_rejects_bad_input(tmp_path):
                              layers='middle')
 
 
+def saved_params(workdir) -> dict:
+  """The params of the latest checkpoint of a workdir, as numpy arrays."""
+  directory = os.path.join(workdir, 'checkpoints')
+  step = max(int(n) for n in os.listdir(directory) if n.isdigit())
+  state = ocp.PyTreeCheckpointer().restore(os.path.join(directory, str(step), 'state'))
+  return jax.tree.map(np.asarray, state['params'])
+
+
 def final_eval(workdir):
   return [m for m in read_metrics(workdir) if 'eval_loss' in m][-1]
 
@@ -132,6 +164,11 @@ def test_tagger_with_elmo_beats_the_same_tagger_without(pretrained, data_dir, tm
     run_train('configs/elmo_tagger.py:offline_replaced,tiny', workdir, data_dir, *init,
               f'--config.model.use_elmo={use_elmo}')
     runs[use_elmo] = final_eval(workdir)
+  # The biLM came through the tagger's training unchanged (frozen).
+  pretrained_bilm, tagger_bilm = (saved_params(w)['bilm'] for w in (pretrained, tmp_path / 'elmo_True'))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(pretrained_bilm),
+                          jax.tree_util.tree_leaves(tagger_bilm)):
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
   with_elmo, without = runs[True], runs[False]
   print(f"offline_replaced eval: with ELMo accuracy {with_elmo['eval_accuracy']:.3f}, "
         f"F1 {with_elmo['eval_span_f1']:.3f}; without {without['eval_accuracy']:.3f}, "
