@@ -31,7 +31,7 @@ TASK_MODEL = {
     'base': dict(word_dim=50, task_lstm_dim=200, task_num_layers=2),
 }
 # Longest sentence in tokens, <S> and </S> included (CoNLL-2003's longest has 124 words).
-MAX_SEQ_LENGTH = {'conll2003': 128, 'offline_replaced': 48}
+MAX_SEQ_LENGTH = {'conll2003': 128, 'offline_replaced': 32}
 
 
 def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:

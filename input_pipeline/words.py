@@ -73,7 +73,8 @@ def char_ids(words: Sequence[str], max_characters: int) -> np.ndarray:
     if word in (BOS, EOS):
       chars = [BOS_CHAR if word == BOS else EOS_CHAR]
     else:
-      chars = np.frombuffer(word.encode('utf-8')[:max_characters - 2], np.uint8) + 1
+      utf8 = word.encode('utf-8')[:max_characters - 2]
+      chars = np.frombuffer(utf8, np.uint8).astype(np.int32) + 1
     table[i, 1:len(chars) + 1] = chars
     table[i, len(chars) + 1] = EOW_CHAR
   return table[rows] if len(rows) else np.zeros((0, max_characters), np.int32)

@@ -5,7 +5,8 @@ over the word, passed through highway layers (Srivastava et al. 2015) and
 projected to the biLM's width. Initializers follow bilm-tf's training graph.
 
 Shape letters: B batch, L tokens, X = B * L, W characters per token, T
-convolution positions, E char embedding, N filters (all widths), D output width.
+convolution positions, E char embedding, N filters (all widths), G the highway's
+two halves (gate, transform), D output width.
 """
 
 from typing import Any, Callable
@@ -64,13 +65,13 @@ class CharCNN(nn.Module):
 
     fan_in_init = nn.initializers.normal(N ** -0.5)
     for i in range(self.num_highway):
-      # One matmul for both halves, the gate (t = 0) and the transform (t = 1).
+      # One matmul for both halves, the gate (g = 0) and the transform (g = 1).
       kernel = self._param(f'highway_{i}_kernel', fan_in_init, (N, 2, N), (None, None, 'filters'))
       bias = self._param(f'highway_{i}_bias', _highway_bias_init, (2, N), (None, 'filters'))
-      z_BLTN = jnp.einsum('BLN,NTM->BLTM', x_BLN, kernel.astype(self.dtype))
-      z_BLTN = z_BLTN + bias.astype(self.dtype)
-      gate_BLN = jax.nn.sigmoid(z_BLTN[:, :, 0])
-      x_BLN = gate_BLN * jax.nn.relu(z_BLTN[:, :, 1]) + (1.0 - gate_BLN) * x_BLN
+      z_BLGN = jnp.einsum('BLN,NGM->BLGM', x_BLN, kernel.astype(self.dtype))
+      z_BLGN = z_BLGN + bias.astype(self.dtype)
+      gate_BLN = jax.nn.sigmoid(z_BLGN[:, :, 0])
+      x_BLN = gate_BLN * jax.nn.relu(z_BLGN[:, :, 1]) + (1.0 - gate_BLN) * x_BLN
 
     kernel = self._param('projection_kernel', fan_in_init, (N, self.output_dim),
                          ('filters', 'embed'))
