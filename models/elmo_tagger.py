@@ -83,6 +83,9 @@ class Model(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     token_ids_BL, lengths_B = batch['token_ids'], batch['lengths']
     mask_BL = elmo.length_mask(lengths_B, token_ids_BL.shape[1])
+    if 'example_weights' in batch:
+      # Eval's padding rows repeat a real sentence: the mix's layer norm must not count them.
+      mask_BL = mask_BL & (batch['example_weights'] > 0)[:, None]
 
     # A word vector has unit expected norm, whatever word_dim.
     word_init = nn.initializers.normal(cfg.word_dim ** -0.5)

@@ -130,3 +130,15 @@ def test_frozen_parameters_get_no_update_even_with_weight_decay():
   opt_cfg.frozen = ()
   tx = train.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
   assert np.asarray(tx.update(grads, tx.init(params), params)[0]['bilm']['kernel']).all()
+
+
+def test_eval_padding_rows_do_not_change_the_layer_norm_mix():
+  """Eval pads its last batch with copies of a sentence (example_weights 0); the mix ignores them."""
+  model = elmo_tagger.Model(_config(elmo_layer_norm=True))
+  batch = _batch()
+  variables = model.init(jax.random.key(0), batch)
+  padded = {k: jnp.concatenate([v, v[1:]]) for k, v in batch.items()}
+  padded['example_weights'] = padded['example_weights'].at[-1].set(0.0)
+  alone = model.apply(variables, batch)['logits']
+  with_padding = model.apply(variables, padded)['logits'][:B]
+  np.testing.assert_allclose(with_padding, alone, atol=1e-5)
