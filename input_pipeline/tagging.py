@@ -25,7 +25,7 @@ Tasks (TASKS, by data.task):
                     eval documents (input_pipeline/offline_tasks.py), at most
                     data.max_train_examples and data.max_eval_examples (0 = all).
 
-Order and resume as for GPT fine-tuning (gpt_finetune.ExampleIterator):
+Order and resume as for GPT fine-tuning (example_iterator.ExampleIterator):
 training reshuffles every epoch, eval runs in passes of steps_per_epoch
 batches whose padding rows have example_weights 0.
 """
@@ -38,7 +38,7 @@ import zlib
 import ml_collections
 import numpy as np
 
-from input_pipeline import gpt_finetune
+from input_pipeline import example_iterator
 from input_pipeline import offline_tasks
 from input_pipeline import sources
 from input_pipeline import words as words_lib
@@ -268,11 +268,11 @@ def _other_word(word: str, unigram: list[str], rng: np.random.Generator) -> str:
 
 def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
                  tokenizer: words_lib.WordVocab, batch_size: int, seed: int,
-                 process_index: int = 0, process_count: int = 1) -> gpt_finetune.ExampleIterator:
+                 process_index: int = 0, process_count: int = 1) -> example_iterator.ExampleIterator:
   """Batches of data.task's `split` ('train' endless and reshuffled, 'eval' in passes)."""
   examples = load_examples(data_cfg, split, tokenizer)
   make_batch = functools.partial(batch_arrays, examples, max_length=data_cfg.max_seq_length)
-  return gpt_finetune.ExampleIterator(
+  return example_iterator.ExampleIterator(
       len(examples), make_batch, split=split, batch_size=batch_size, seed=seed,
       process_index=process_index, process_count=process_count, name=data_cfg.task)
 
