@@ -151,21 +151,28 @@ def check_init_from(config, workdir: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Optimizer: AdamW (or Adagrad), warmup then linear, cosine or no decay, clipping.
+# Optimizer: AdamW (or Adagrad, or SGD with momentum), warmup then a decay, clipping.
 # ----------------------------------------------------------------------------
 
-SCHEDULES = ('linear', 'cosine', 'constant')
-OPTIMIZERS = ('adamw', 'adagrad')
+SCHEDULES = ('linear', 'cosine', 'constant', 'inverse_sqrt')
+OPTIMIZERS = ('adamw', 'adagrad', 'sgd')
 
 
 def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """Linear warmup, then linear (BERT sec. A.2), cosine (GPT sec. 4.1) or no decay (bilm-tf).
+  """Linear warmup, then linear (BERT sec. A.2), cosine (GPT sec. 4.1) or no decay (bilm-tf);
+  or CVT's inverse square root.
 
   As the reference code computes them over the whole run: BERT's
-  lr * (1 - step / num_steps), OpenAI's lr * (1 + cos(pi * step / num_steps)) / 2.
+  lr * (1 - step / num_steps), OpenAI's lr * (1 + cos(pi * step / num_steps)) / 2,
+  cvt_text's lr * min(step / warmup, 1) / (1 + decay_rate * sqrt(step)) (the decay
+  applies during the warmup too).
   """
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
   kind = opt_cfg.get('schedule', 'linear')
+  if kind == 'inverse_sqrt':
+    decay_rate = opt_cfg.get('decay_rate', 0.005)
+    ramp = (lambda step: 1.0) if warmup == 0 else (lambda step: jnp.minimum(step / warmup, 1.0))
+    return lambda step: lr * ramp(step) / (1.0 + decay_rate * jnp.sqrt(step))
 
   def schedule(step):
     done = jnp.minimum(step, num_steps) / num_steps
@@ -195,8 +202,13 @@ def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
 
 
 def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
-  """Clipping then AdamW (BERT, GPT) or Adagrad (bilm-tf); optimizer.frozen params never move."""
-  if opt_cfg.get('name', 'adamw') == 'adagrad':
+  """Clipping then AdamW (BERT, GPT), Adagrad (bilm-tf) or SGD with momentum (cvt_text);
+  optimizer.frozen params never move."""
+  name = opt_cfg.get('name', 'adamw')
+  if name == 'sgd':
+    # TF's MomentumOptimizer: v = momentum * v + g; param -= lr * v (optax's trace).
+    update = optax.sgd(schedule, momentum=opt_cfg.get('momentum', 0.9))
+  elif name == 'adagrad':
     # optax's defaults when the config leaves them out; bilm-tf starts the accumulators at 1.0.
     update = optax.adagrad(schedule,
                            initial_accumulator_value=opt_cfg.get('initial_accumulator_value', 0.1),

@@ -30,25 +30,26 @@ def read_metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-# One device: 8 simulated devices on 2 cores would double the time of these 300 steps.
+# One device: 8 simulated devices on 2 cores would double the time of these steps.
+PRETRAIN_STEPS = 200
 _PRETRAIN = """
 import sys
 import train
 from configs import gpt
 config = gpt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
-train.train_and_evaluate(config, sys.argv[1], stop_after_steps=300)
+train.train_and_evaluate(config, sys.argv[1], stop_after_steps=int(sys.argv[3]))
 """
 
 
 @pytest.fixture(scope='session')
 def pretrained(data_dir, tmp_path_factory):
-  """The first 300 steps of configs/gpt.py:tiny (the issue's learning check), shared below."""
+  """The first 200 steps of configs/gpt.py:tiny (the issue's learning check), shared below."""
   workdir = str(tmp_path_factory.mktemp('gpt_tiny'))
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
              JAX_PLATFORMS='cpu')
-  result = subprocess.run([sys.executable, '-c', _PRETRAIN, workdir, data_dir], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+  result = subprocess.run([sys.executable, '-c', _PRETRAIN, workdir, data_dir, str(PRETRAIN_STEPS)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
 
@@ -59,7 +60,7 @@ def test_tiny_pretraining_loss_falls(pretrained):
   first, last = logged[0], logged[-1]
   print(f"loss {first['loss']:.3f} -> {last['loss']:.3f}, "
         f"accuracy {first['lm_accuracy']:.3f} -> {last['lm_accuracy']:.3f}")
-  assert last['step'] == 300
+  assert last['step'] == PRETRAIN_STEPS
   # Steps 1-20 start near ln(4096) = 8.3; the unigram plateau is about 6.7.
   assert last['loss'] < first['loss'] - 2.0
   assert last['lm_accuracy'] > first['lm_accuracy'] + 0.1
@@ -99,11 +100,11 @@ def test_init_from_loads_the_pretrained_transformer(pretrained, data_dir, tmp_pa
     run = train.setup(config, str(tmp_path), mesh)
   params = jax.device_get(run.state.params)
   # The checkpoint read on its own, without the code under test.
-  step_dir = os.path.join(pretrained, 'checkpoints', '300', 'state')
+  step_dir = os.path.join(pretrained, 'checkpoints', str(PRETRAIN_STEPS), 'state')
   saved = ocp.PyTreeCheckpointer().restore(step_dir)['params']
   assert sorted(params) == sorted([*saved, 'classifier'])
   jax.tree.map(np.testing.assert_array_equal, {k: params[k] for k in saved}, saved)
-  # 300 steps moved the weights, so a fresh initialization would not pass the check above.
+  # Pretraining moved the weights, so a fresh initialization would not pass the check above.
   model = gpt.Model(train.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
   fresh = nn.meta.unbox(model.init(jax.random.key(config.seed), example)['params'])
