@@ -1,4 +1,4 @@
-"""Document sources for pretraining: a TFDS dataset, local text files, or the embedded corpus.
+"""Document sources: a TFDS dataset, local text files, the embedded corpus, or a synthetic language.
 
 A document is a list of sentences (stripped, non-empty strings): BERT is
 pretrained on "a document-level corpus rather than a shuffled sentence-level
@@ -29,10 +29,11 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
+from input_pipeline import synthetic_tagging
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline import words as words_lib
 
-SOURCES = ('embedded', 'files', 'tfds')
+SOURCES = ('embedded', 'files', 'tfds', 'synthetic')
 # Enough text for a good vocabulary; learning from all of Wikipedia is slow.
 VOCAB_MAX_SENTENCES = 200_000
 # Counting words is fast, and a word vocabulary needs more text than subwords
@@ -49,8 +50,10 @@ def documents(data_cfg: ml_collections.ConfigDict, split: str,
     raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
   if data_cfg.source == 'tfds':
     docs = _tfds_documents(data_cfg, split, process_index, process_count)
-  elif data_cfg.source in ('files', 'embedded'):
-    docs = _file_documents(data_cfg, split)
+  elif data_cfg.source in ('files', 'embedded', 'synthetic'):
+    # The synthetic language is CVT's offline unlabeled text (input_pipeline/synthetic_tagging.py).
+    docs = (synthetic_tagging.documents(split) if data_cfg.source == 'synthetic'
+            else _file_documents(data_cfg, split))
     docs = itertools.islice(docs, process_index, None, process_count)
   else:
     raise ValueError(f'Unknown data.source {data_cfg.source!r}: use one of '
@@ -416,6 +419,8 @@ def _source_key(data_cfg: ml_collections.ConfigDict) -> str:
   """A file-name-safe name of the training text, e.g. 'embedded-py311'."""
   if data_cfg.source == 'embedded':
     return f'embedded-py{sys.version_info.major}{sys.version_info.minor}'
+  if data_cfg.source == 'synthetic':
+    return 'synthetic-tagging'
   if data_cfg.source == 'files':
     paths = _glob('data.files', data_cfg.files)
     # Sizes too: a file rewritten in place is new text.

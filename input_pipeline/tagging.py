@@ -41,12 +41,24 @@ import numpy as np
 from input_pipeline import example_iterator
 from input_pipeline import offline_tasks
 from input_pipeline import sources
+from input_pipeline import synthetic_tagging
 from input_pipeline import words as words_lib
 
 Batch = dict[str, np.ndarray]
 # TFDS conll2003's 'ner' ClassLabel names (conll_dataset_builder_utils.NER_TAGS), in id order.
 CONLL2003_NER_TAGS = ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC',
                       'I-MISC')
+# TFDS conll2003's 'pos' and 'chunks' ClassLabel names, in id order.
+CONLL2003_POS_TAGS = (
+    '"', "''", '#', '$', '(', ')', ',', '.', ':', '``', 'CC', 'CD', 'DT', 'EX', 'FW', 'IN', 'JJ',
+    'JJR', 'JJS', 'LS', 'MD', 'NN', 'NNP', 'NNPS', 'NNS', 'NN|SYM', 'PDT', 'POS', 'PRP', 'PRP$',
+    'RB', 'RBR', 'RBS', 'RP', 'SYM', 'TO', 'UH', 'VB', 'VBD', 'VBG', 'VBN', 'VBP', 'VBZ', 'WDT',
+    'WP', 'WP$', 'WRB')
+CONLL2003_CHUNK_TAGS = (
+    'O', 'B-ADJP', 'I-ADJP', 'B-ADVP', 'I-ADVP', 'B-CONJP', 'I-CONJP', 'B-INTJ', 'I-INTJ', 'B-LST',
+    'I-LST', 'B-NP', 'I-NP', 'B-PP', 'I-PP', 'B-PRT', 'I-PRT', 'B-SBAR', 'I-SBAR', 'B-UCP',
+    'I-UCP', 'B-VP', 'I-VP')
+ENCODINGS = ('BIO', 'BIOES')
 # offline_replaced: the share of a sentence's words that are replaced, and redraws of a
 # replacement equal to the word it replaces.
 REPLACED_SHARE, _MAX_DRAWS = 0.15, 100
@@ -56,7 +68,7 @@ REPLACED_SHARE, _MAX_DRAWS = 0.15, 100
 class Task:
   """Where a tagging task's sentences and tags come from."""
   label_names: tuple[str, ...]  # by tag id
-  source: str = 'tfds'  # 'tfds' | 'offline'
+  source: str = 'tfds'  # 'tfds' | 'offline' | 'synthetic' (input_pipeline/synthetic_tagging.py)
   min_words: int = 1
   tfds_name: str = ''
   tokens_feature: str = 'tokens'
@@ -64,6 +76,7 @@ class Task:
   train_split: str = 'train'
   eval_split: str = 'dev'
   train_sentences: int = 0  # of a TFDS task's train split, for the configs' step counts
+  column: str = ''  # a synthetic task's tag column: 'names' or 'pos'
 
   @property
   def num_labels(self) -> int:
@@ -73,6 +86,9 @@ class Task:
     """Training sentences per epoch: the TFDS split's, or an offline task's cap."""
     if self.source == 'tfds':
       return self.train_sentences
+    if self.source == 'synthetic' and data_cfg.max_train_examples <= 0:
+      raise ValueError('A synthetic task has endless sentences: set data.max_train_examples to '
+                       'the number of labeled sentences.')
     if data_cfg.max_train_examples <= 0:
       raise ValueError('An offline task has as many sentences as the corpus gives: set '
                        'data.max_train_examples to a number to size the run by it.')
@@ -93,9 +109,65 @@ TASKS: dict[str, Task] = {
     # TFDS counts one more sentence per split: the empty one its builder yields at the end.
     'conll2003': Task(CONLL2003_NER_TAGS, tfds_name='conll2003', tags_feature='ner',
                       train_sentences=14_041),
+    'conll2003_pos': Task(CONLL2003_POS_TAGS, tfds_name='conll2003', tags_feature='pos',
+                          train_sentences=14_041),
+    'conll2003_chunk': Task(CONLL2003_CHUNK_TAGS, tfds_name='conll2003', tags_feature='chunks',
+                            train_sentences=14_041),
+    # CVT's offline tasks: person and location names, and parts of speech, of a synthetic language.
+    'offline_names': Task(synthetic_tagging.NAME_TAGS, source='synthetic', column='names'),
+    'offline_pos': Task(synthetic_tagging.POS_TAGS, source='synthetic', column='pos'),
     # One-word chunks: span F1 is the F1 of finding the replaced words.
     'offline_replaced': Task(('O', 'B-REPLACED'), source='offline', min_words=5),
 }
+
+
+def label_names(task: Task, encoding: str = 'BIO') -> tuple[str, ...]:
+  """The task's tags in `encoding`: BIOES appends E-X and S-X after the BIO tags of each type."""
+  if encoding not in ENCODINGS:
+    raise ValueError(f'data.label_encoding={encoding!r}: use one of {", ".join(ENCODINGS)}.')
+  names = task.label_names
+  if encoding == 'BIO':
+    return names
+  return names + tuple(f'{prefix}-{name[2:]}' for name in names if name.startswith('B-')
+                       for prefix in ('E', 'S'))
+
+
+def num_labels(task: Task, encoding: str = 'BIO') -> int:
+  return len(label_names(task, encoding))
+
+
+def to_bio_ids(task: Task, encoding: str = 'BIO') -> tuple[int, ...]:
+  """For each label id in `encoding`, the BIO id that conlleval scores it as (S-X: B-X, E-X: I-X)."""
+  bio = {name: i for i, name in enumerate(task.label_names)}
+  def as_bio(name):
+    kind, _, chunk = name.partition('-')
+    if kind == 'S':
+      return bio[f'B-{chunk}']
+    if kind == 'E':
+      return bio.get(f'I-{chunk}', bio[f'B-{chunk}'])
+    return bio[name]
+  return tuple(as_bio(name) for name in label_names(task, encoding))
+
+
+def bio_to_bioes(tags: list[int], task: Task) -> list[int]:
+  """One sentence's BIO tag ids as BIOES ids; chunks as conlleval reads them (I-X after O starts one)."""
+  bio_names = task.label_names
+  ids = {name: i for i, name in enumerate(label_names(task, 'BIOES'))}
+  chunk = lambda i: bio_names[i][2:] if bio_names[i][:2] in ('B-', 'I-') else None  # noqa: E731
+  out = []
+  for k, tag in enumerate(tags):
+    kind = chunk(tag)
+    if kind is None:
+      out.append(tag)
+      continue
+    starts = bio_names[tag].startswith('B-') or k == 0 or chunk(tags[k - 1]) != kind
+    following = tags[k + 1] if k + 1 < len(tags) else None
+    ends = (following is None or chunk(following) != kind or
+            bio_names[following].startswith('B-'))
+    prefix = {(True, True): 'S', (True, False): 'B', (False, False): 'I', (False, True): 'E'}
+    name = f'{prefix[(starts, ends)]}-{kind}'
+    out.append(ids.get(name, ids[f'B-{kind}']))  # a type without I- has one-word chunks only
+  return out
 
 
 def task_spec(name: str) -> Task:
@@ -182,9 +254,14 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str,
   if split not in ('train', 'eval'):
     raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
   task = validate(data_cfg)
+  cap = data_cfg.max_train_examples if split == 'train' else data_cfg.max_eval_examples
   if task.source == 'offline':
-    cap = data_cfg.max_train_examples if split == 'train' else data_cfg.max_eval_examples
     sentences, tags = offline_replaced(data_cfg, split, cap)
+  elif task.source == 'synthetic':
+    if cap <= 0:
+      raise ValueError(f'Synthetic task {data_cfg.task!r} has endless sentences: set '
+                       f'data.max_{split}_examples to a positive number.')
+    sentences, tags = synthetic_tagging.tagged_sentences(split, task.column, cap)
   else:
     sentences, tags = tfds_sentences(data_cfg.task, data_cfg, split)
   if not sentences:

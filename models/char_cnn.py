@@ -30,7 +30,7 @@ class CharCNN(nn.Module):
   char_dim: int = 16
   filters: tuple[tuple[int, int], ...] = ELMO_FILTERS  # (width, count) per convolution
   num_highway: int = 2
-  output_dim: int = 512
+  output_dim: int = 512  # 0: no projection, the N pooled (and highway) filters
   activation: str = 'relu'
   dtype: Any = jnp.float32
 
@@ -73,6 +73,8 @@ class CharCNN(nn.Module):
       gate_BLN = jax.nn.sigmoid(z_BLGN[:, :, 0])
       x_BLN = gate_BLN * jax.nn.relu(z_BLGN[:, :, 1]) + (1.0 - gate_BLN) * x_BLN
 
+    if not self.output_dim:  # CVT concatenates the pooled filters to the word vector
+      return x_BLN
     kernel = self._param('projection_kernel', fan_in_init, (N, self.output_dim),
                          ('filters', 'embed'))
     bias = self._param('projection_bias', nn.initializers.zeros_init(), (self.output_dim,),

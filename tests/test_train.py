@@ -16,6 +16,7 @@ import pytest
 import input_pipeline
 import sharding
 import train
+from configs import cvt as cvt_configs
 from configs import gpt_finetune as finetune_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,23 +129,45 @@ def finetune_micro_config(data_dir, **train_overrides):
   return _shrunk(config, data_dir, **train_overrides)
 
 
+def cvt_micro_config(data_dir, **train_overrides):
+  """CVT on the synthetic names task: labeled and unlabeled batches alternate."""
+  config = cvt_configs.get_config('tiny')
+  config.data.data_dir = data_dir
+  config.model.update(word_dim=8, char_dim=4, filters=((2, 4), (3, 4)), first_lstm_dim=8,
+                      second_lstm_dim=8, projection_dim=8)
+  config.data.update(max_train_examples=40, max_eval_examples=8, max_seq_length=16)
+  config.train.update(batch_size=8, num_steps=6, log_every=2, eval_every=1000, eval_steps=0,
+                      checkpoint_every=3)
+  config.train.update(**train_overrides)
+  config.optimizer.warmup_steps = 2
+  return config
+
+
 # GPT pretraining's sharded step is checked in tests/test_gpt_model.py and its
 # data resume in tests/test_packed_lm.py; fine-tuning runs the same model.
-MICRO_CONFIGS = [micro_config, finetune_micro_config]
-MICRO_IDS = ['bert', 'gpt_finetune']
+MICRO_CONFIGS = [micro_config, finetune_micro_config, cvt_micro_config]
+MICRO_IDS = ['bert', 'gpt_finetune', 'cvt']
+# A kernel each model shards over the tensor axis.
+SHARDED_KERNEL = {'bert': ('layer_0', 'attention', 'query', 'kernel'),
+                  'gpt_finetune': ('layer_0', 'attention', 'query', 'kernel'),
+                  'cvt': ('encoder', 'first_forward', 'input_kernel')}
 
 
-@pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
-def test_one_device_and_eight_devices_agree(data_dir, make_config):
+@pytest.mark.parametrize('make_config,name', zip(MICRO_CONFIGS, MICRO_IDS), ids=MICRO_IDS)
+def test_one_device_and_eight_devices_agree(data_dir, make_config, name):
   assert len(jax.devices()) == 8
   config = make_config(data_dir)
-  config.model.update(num_heads=4, mlp_dim=64, vocab_size=256)
+  config.model.vocab_size = 256
+  if 'num_heads' in config.model:
+    config.model.update(num_heads=4, mlp_dim=64)
   one_losses, one_norms, _ = _three_steps(config, jax.devices()[:1])
   one_grads = _gradients(config, jax.devices()[:1])
   config.mesh = (('data', 2), ('fsdp', 2), ('tensor', 2))
   eight_losses, eight_norms, state = _three_steps(config, jax.devices())
   eight_grads = _gradients(config, jax.devices())
-  kernel = state.params['layer_0']['attention']['query']['kernel']
+  kernel = state.params
+  for key in SHARDED_KERNEL[name]:
+    kernel = kernel[key]
   assert len(kernel.sharding.device_set) == 8
   assert not kernel.sharding.is_fully_replicated
   # Same math, different reduction order across shards: float32 round-off only.

@@ -1,0 +1,95 @@
+"""CVT's losses and span F1, against hand counts (Clark et al. 2018, sec. 2; conlleval)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from input_pipeline import tagging
+from objectives import consistency
+
+NAMES = tagging.TASKS['offline_names']  # O B-PER I-PER B-LOC I-LOC
+SPANS = tagging.span_tags(NAMES)
+BIG = 20.0
+
+
+def _labeled(gold, predicted, num_labels=5, task_ids=None):
+  gold, predicted = np.array(gold), np.array(predicted)
+  B, L = gold.shape
+  logits = np.full((B, L, num_labels), -BIG, np.float32)
+  np.put_along_axis(logits, predicted[..., None], BIG, axis=-1)
+  batch = {'labels': jnp.asarray(gold, jnp.int32), 'label_weights': jnp.ones((B, L)),
+           'example_weights': jnp.ones(B),
+           'task_ids': jnp.asarray(task_ids if task_ids is not None else np.zeros(B), jnp.int32)}
+  return jnp.asarray(logits), batch
+
+
+def test_span_f1_matches_a_hand_count():
+  # gold: PER(1-2), LOC(4), PER(6) | LOC(0-1), PER(3)
+  gold = [[0, 1, 2, 0, 3, 0, 1], [3, 4, 0, 1, 0, 0, 0]]
+  # predicted: PER(1-2) right; LOC(4) right; PER(6) missed as LOC(6) | LOC(0) too short; PER(3)
+  # right; an I-PER after O at 5 starts a spurious PER chunk (5).
+  predicted = [[0, 1, 2, 0, 3, 0, 3], [3, 0, 0, 1, 0, 2, 0]]
+  logits, batch = _labeled(gold, predicted)
+  _, metrics = consistency.loss_fn({'primary_logits': (logits,)}, batch, tasks=('names',),
+                                   span_tags=(SPANS,))
+  summary = consistency.summarize(jax.device_get(metrics))
+  gold_chunks, predicted_chunks, correct = 5, 6, 3
+  assert summary['names_span_precision'] == pytest.approx(correct / predicted_chunks)
+  assert summary['names_span_recall'] == pytest.approx(correct / gold_chunks)
+  f1 = 2 * correct / (gold_chunks + predicted_chunks)
+  assert summary['names_span_f1'] == pytest.approx(f1)
+  assert summary['names_accuracy'] == pytest.approx(11 / 14)
+
+
+def test_bioes_predictions_are_scored_as_their_bio_chunks():
+  gold_bio = [[0, 1, 2, 2, 0, 3, 1]]
+  gold = [tagging.bio_to_bioes(gold_bio[0], NAMES)]
+  names = tagging.label_names(NAMES, 'BIOES')
+  assert [names[i] for i in gold[0]] == ['O', 'B-PER', 'I-PER', 'E-PER', 'O', 'S-LOC', 'S-PER']
+  # Predicted: the PER chunk cut short (B-PER E-PER, then S-PER), LOC right, the last PER right.
+  ids = {n: i for i, n in enumerate(names)}
+  predicted = [[ids[n] for n in ('O', 'B-PER', 'E-PER', 'S-PER', 'O', 'S-LOC', 'S-PER')]]
+  logits, batch = _labeled(gold, predicted, num_labels=len(names))
+  _, metrics = consistency.loss_fn({'primary_logits': (logits,)}, batch, tasks=('names',),
+                                   span_tags=(SPANS,), to_bio=(tagging.to_bio_ids(NAMES, 'BIOES'),))
+  summary = consistency.summarize(jax.device_get(metrics))
+  # gold 3 chunks, predicted 4, correct 2 (LOC and the last PER).
+  assert summary['names_span_precision'] == pytest.approx(2 / 4)
+  assert summary['names_span_recall'] == pytest.approx(2 / 3)
+
+
+def test_label_smoothing_by_hand_and_rows_of_other_tasks_count_nothing():
+  logits = jnp.array([[[1.0, 2.0, 0.0]]])
+  batch = {'labels': jnp.array([[1]]), 'label_weights': jnp.ones((1, 1)),
+           'example_weights': jnp.ones(1), 'task_ids': jnp.array([0])}
+  logp = jax.nn.log_softmax(logits[0, 0])
+  eps = 0.1
+  expected = -((1 - eps) * logp[1] + eps / 3 * logp.sum())
+  loss, _ = consistency.loss_fn({'primary_logits': (logits,)}, batch, label_smoothing=eps)
+  assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+  # Two tasks: rows of task 1 add nothing to task 0's loss or counts, and vice versa.
+  logits0, batch = _labeled([[1, 2], [0, 0]], [[1, 2], [1, 1]], task_ids=[0, 1])
+  logits1 = jnp.zeros((2, 2, 3))
+  _, metrics = consistency.loss_fn({'primary_logits': (logits0, logits1)}, batch,
+                                   tasks=('names', 'pos'), span_tags=(SPANS, ()))
+  summary = consistency.summarize(jax.device_get(metrics))
+  assert summary['names_accuracy'] == 1.0 and metrics['names_accuracy'][1] == 2
+  assert metrics['pos_accuracy'][1] == 2
+  assert summary['names_span_f1'] == 1.0
+  assert not any(k.startswith('pos_span') for k in summary)  # accuracy-only task
+
+
+def test_consistency_loss_by_hand():
+  teacher = jnp.array([[[0.0, 1.0], [2.0, 0.0], [0.0, 0.0], [5.0, 5.0]]])
+  student = jnp.array([[[1.0, 0.0], [0.0, 0.0], [3.0, 1.0], [9.0, 9.0]]])
+  batch = {'token_ids': jnp.zeros((1, 4), jnp.int32), 'lengths': jnp.array([4]),
+           'example_weights': jnp.ones(1)}
+  outputs = {'primary_logits': (teacher,),
+             'aux_logits': ({'forward': student, 'past': student},)}
+  loss, metrics = consistency.loss_fn(outputs, batch)
+  # Words are positions 1 and 2 (0 is <S>, 3 is </S>).
+  p = jax.nn.softmax(teacher[0, 1:3])
+  ce = -(p * jax.nn.log_softmax(student[0, 1:3])).sum(-1).mean()
+  assert float(loss) == pytest.approx(2 * float(ce), rel=1e-6)
+  assert float(metrics['consistency_loss'][0]) == pytest.approx(2 * float(ce), rel=1e-6)
