@@ -5,7 +5,9 @@ pretrained on "a document-level corpus rather than a shuffled sentence-level
 corpus" (Devlin et al. 2018, sec. 3.1), and next sentence prediction needs
 the sentence order. Every source yields its documents in a fixed order; when
 no eval source is configured, every `eval_holdout`-th document is held out
-for evaluation. Each host reads a disjoint share of its split.
+for evaluation (the synthetic language, input_pipeline/synthetic_tagging.py,
+has train and eval documents of their own seeds). Each host reads a
+disjoint share of its split.
 
 The text-file format is the reference one (google-research/bert
 create_pretraining_data.py): one sentence per line, a blank line between
@@ -420,7 +422,10 @@ def _source_key(data_cfg: ml_collections.ConfigDict) -> str:
   if data_cfg.source == 'embedded':
     return f'embedded-py{sys.version_info.major}{sys.version_info.minor}'
   if data_cfg.source == 'synthetic':
-    return 'synthetic-tagging'
+    # Its first document and size: a vocabulary cached for an older version of the language
+    # would miss its names.
+    identity = [next(synthetic_tagging.documents('train')), synthetic_tagging.TRAIN_DOCUMENTS]
+    return f'synthetic-{hashlib.sha256(repr(identity).encode()).hexdigest()[:10]}'
   if data_cfg.source == 'files':
     paths = _glob('data.files', data_cfg.files)
     # Sizes too: a file rewritten in place is new text.

@@ -172,3 +172,21 @@ class Model(nn.Module):
     outputs['aux_logits'] = tuple({view: modules[view](inputs[view]) for view in AUX_VIEWS}
                                   for modules in self.auxiliary)
     return outputs
+
+
+def train_flops_per_example(cfg: Config, data_cfg) -> float:
+  """Matmul FLOPs of a labeled training step per sentence (3x the forward: backward is 2x).
+
+  An unlabeled step costs more: a forward pass for the targets, then forward
+  and backward through the encoder and the four auxiliary modules.
+  """
+  length, width = data_cfg.max_seq_length, data_cfg.max_characters_per_token
+  P, H = cfg.projection_dim, cfg.projection_dim
+  chars = sum(2 * (width - w + 1) * w * cfg.char_dim * n for w, n in cfg.filters)
+
+  def lstm_layer(inputs, cells):  # input and recurrent gates, projection; both directions
+    return 2 * (2 * inputs * 4 * cells + 2 * P * 4 * cells + 2 * cells * P)
+  first = lstm_layer(cfg.word_dim + sum(n for _, n in cfg.filters), cfg.first_lstm_dim)
+  second = lstm_layer(2 * P, cfg.second_lstm_dim)
+  primary = sum(2 * 4 * P * H + 2 * H * n for n in cfg.num_labels)
+  return 3.0 * length * (chars + first + second + primary)

@@ -93,3 +93,29 @@ def test_consistency_loss_by_hand():
   ce = -(p * jax.nn.log_softmax(student[0, 1:3])).sum(-1).mean()
   assert float(loss) == pytest.approx(2 * float(ce), rel=1e-6)
   assert float(metrics['consistency_loss'][0]) == pytest.approx(2 * float(ce), rel=1e-6)
+  # Label smoothing is for gold labels only: the soft targets stay as the teacher made them.
+  student = student[:, ::-1]  # at position 1 both are far from uniform, so smoothing would show
+  outputs = {'primary_logits': (teacher,), 'aux_logits': ({'future': student},)}
+  smoothed, _ = consistency.loss_fn(outputs, batch, label_smoothing=0.1)
+  ce = -(p * jax.nn.log_softmax(student[0, 1:3])).sum(-1).mean()
+  assert float(smoothed) == pytest.approx(float(ce), rel=1e-6)
+
+
+@pytest.mark.parametrize('task', ['conll2003', 'conll2003_chunk'])
+def test_span_scores_equal_seqeval_on_random_tag_sequences(task):
+  # seqeval (a maintained port of conlleval; requirements-dev.txt) in its default mode.
+  from seqeval import metrics as seqeval  # pylint: disable=g-import-not-at-top
+  spec = tagging.TASKS[task]
+  rng = np.random.default_rng(0)
+  gold = rng.integers(0, spec.num_labels, (64, 12))
+  predicted = np.where(rng.random(gold.shape) < 0.6, gold,
+                       rng.integers(0, spec.num_labels, gold.shape))
+  logits, batch = _labeled(gold, predicted, num_labels=spec.num_labels)
+  _, metrics = consistency.loss_fn({'primary_logits': (logits,)}, batch, tasks=('t',),
+                                   span_tags=(tagging.span_tags(spec),))
+  summary = consistency.summarize(jax.device_get(metrics))
+  as_names = lambda rows: [[spec.label_names[i] for i in row] for row in rows]  # noqa: E731
+  y_true, y_pred = as_names(gold), as_names(predicted)
+  assert summary['t_span_precision'] == pytest.approx(seqeval.precision_score(y_true, y_pred))
+  assert summary['t_span_recall'] == pytest.approx(seqeval.recall_score(y_true, y_pred))
+  assert summary['t_span_f1'] == pytest.approx(seqeval.f1_score(y_true, y_pred))

@@ -145,29 +145,24 @@ def cvt_micro_config(data_dir, **train_overrides):
 
 # GPT pretraining's sharded step is checked in tests/test_gpt_model.py and its
 # data resume in tests/test_packed_lm.py; fine-tuning runs the same model.
-MICRO_CONFIGS = [micro_config, finetune_micro_config, cvt_micro_config]
-MICRO_IDS = ['bert', 'gpt_finetune', 'cvt']
-# A kernel each model shards over the tensor axis.
-SHARDED_KERNEL = {'bert': ('layer_0', 'attention', 'query', 'kernel'),
-                  'gpt_finetune': ('layer_0', 'attention', 'query', 'kernel'),
-                  'cvt': ('encoder', 'first_forward', 'input_kernel')}
+# CVT (labeled and unlabeled batches, two iterators in the data state) resumes exactly too;
+# its sharded step is left out of the parity test, whose 8-device LSTM compile took 140 s here.
+MICRO_CONFIGS = [micro_config, finetune_micro_config]
+MICRO_IDS = ['bert', 'gpt_finetune']
+RESUME_CONFIGS, RESUME_IDS = MICRO_CONFIGS + [cvt_micro_config], MICRO_IDS + ['cvt']
 
 
-@pytest.mark.parametrize('make_config,name', zip(MICRO_CONFIGS, MICRO_IDS), ids=MICRO_IDS)
-def test_one_device_and_eight_devices_agree(data_dir, make_config, name):
+@pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
+def test_one_device_and_eight_devices_agree(data_dir, make_config):
   assert len(jax.devices()) == 8
   config = make_config(data_dir)
-  config.model.vocab_size = 256
-  if 'num_heads' in config.model:
-    config.model.update(num_heads=4, mlp_dim=64)
+  config.model.update(num_heads=4, mlp_dim=64, vocab_size=256)
   one_losses, one_norms, _ = _three_steps(config, jax.devices()[:1])
   one_grads = _gradients(config, jax.devices()[:1])
   config.mesh = (('data', 2), ('fsdp', 2), ('tensor', 2))
   eight_losses, eight_norms, state = _three_steps(config, jax.devices())
   eight_grads = _gradients(config, jax.devices())
-  kernel = state.params
-  for key in SHARDED_KERNEL[name]:
-    kernel = kernel[key]
+  kernel = state.params['layer_0']['attention']['query']['kernel']
   assert len(kernel.sharding.device_set) == 8
   assert not kernel.sharding.is_fully_replicated
   # Same math, different reduction order across shards: float32 round-off only.
@@ -191,7 +186,7 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
 
 
-@pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
+@pytest.mark.parametrize('make_config', RESUME_CONFIGS, ids=RESUME_IDS)
 def test_resume_is_exact(data_dir, tmp_path, make_config):
   config = make_config(data_dir)
   config.data.docs_per_chunk = 3  # the 6 steps cross many chunk boundaries
