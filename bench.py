@@ -55,7 +55,10 @@ def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
   data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tokenizer,
                                     batch_size=config.train.batch_size, seed=0, prefetch=0)
   examples, start = 0, time.perf_counter()
-  while data.get_state().get('chunk', 0) < 2 and data.get_state()['epoch'] == 0:
+  while True:
+    state = data.get_state()  # CVT's keeps the text stream's position as unlabeled_*
+    if state.get('chunk', state.get('unlabeled_chunk', 0)) >= 2 or state.get('epoch', 0):
+      break
     next(data)
     examples += config.train.batch_size
     if time.perf_counter() - start > max_seconds:

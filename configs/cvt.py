@@ -65,7 +65,7 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   config.loss.tasks = tasks
   config.loss.span_tags = tuple(tagging.span_tags(tagging.task_spec(t)) for t in tasks)
   config.loss.to_bio = tuple(tagging.to_bio_ids(tagging.task_spec(t), encoding) for t in tasks)
-  config.loss.label_smoothing = 0.1  # cvt_text's, on labels and on the soft targets
+  config.loss.label_smoothing = 0.1  # cvt_text's, on gold labels only (not the soft targets)
 
   config.data = ml_collections.ConfigDict()
   config.data.pipeline = 'cvt'

@@ -4,7 +4,8 @@ Labeled batch ('labels' in the batch; one task per batch, batch['task_ids']):
 the cross-entropy of that task's primary module, with cvt_text's label
 smoothing (targets (1 - eps) one-hot + eps / N). Unlabeled batch
 ('aux_logits' in the outputs): the primary module's predictions, made
-without dropout and held fixed, are the soft targets, and each auxiliary
+without dropout and held fixed, are the soft targets (not smoothed: cvt_text
+feeds label_smoothing 0 on unlabeled batches), and each auxiliary
 module of each task is trained towards them:
 L = sum over tasks and views of the mean over words of CE(targets, aux),
 which moves the encoder and the auxiliary modules but not the primary module.
@@ -54,7 +55,7 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
     raise ValueError(f'loss.tasks={tuple(tasks)} but the model has '
                      f'{len(outputs["primary_logits"])} tasks: list one name per task.')
   if 'aux_logits' in outputs and 'labels' not in batch:
-    return _consistency(outputs, batch, tasks, label_smoothing)
+    return _consistency(outputs, batch, tasks)
   return _supervised(outputs, batch, tasks, span_tags, to_bio, label_smoothing)
 
 
@@ -90,14 +91,14 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
   return loss, metrics
 
 
-def _consistency(outputs, batch, tasks, eps):
+def _consistency(outputs, batch, tasks):
   weights_BL = word_weights(batch)
   count = jnp.maximum(weights_BL.sum(), 1e-6)
   loss, metrics = 0.0, {}
   for name, teacher_BLN, students in zip(tasks, outputs['primary_logits'], outputs['aux_logits']):
     targets_BLN = jax.nn.softmax(jax.lax.stop_gradient(teacher_BLN).astype(jnp.float32), axis=-1)
     for view, logits_BLN in students.items():
-      view_loss = (smoothed_cross_entropy(logits_BLN, targets_BLN, eps) * weights_BL).sum() / count
+      view_loss = (smoothed_cross_entropy(logits_BLN, targets_BLN, 0.0) * weights_BL).sum() / count
       metrics[f'{name}_{view}_loss'] = lm.pair(view_loss, 1.0)
       loss = loss + view_loss
   metrics['consistency_loss'] = lm.pair(loss, 1.0)
