@@ -1,4 +1,5 @@
-"""Sampling from a causal LM: greedy, temperature and top-k, with a key/value cache.
+"""Sampling from a causal LM (greedy, temperature, top-k, with a key/value cache), and
+greedy and beam search for sequence-to-sequence models.
 
 Works with any model whose `__call__(batch, decode=...)` takes input_ids and
 segment_ids (1 = real token, 0 = padding) and returns float32 'lm_logits',
@@ -144,3 +145,116 @@ def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
 
   carry = (jnp.asarray(1), tokens_BN, token_B, finished(token_B), state)
   return jax.lax.while_loop(cond, body, carry)[1]
+
+
+# ----------------------------------------------------------------------------
+# Search for sequence-to-sequence models (the Transformer, CoVe's MT-LSTM).
+#
+# A model is reached through `step(tokens_N, state) -> (logits_NV, state)`:
+# the logits of the next token of each of N rows after `tokens_N`, whatever
+# the model keeps between calls (a key/value cache, LSTM states, the
+# encoder's output) in `state`, a pytree whose leaves have N rows first.
+# ----------------------------------------------------------------------------
+
+def gather_rows(state: Any, rows_N: Array) -> Any:
+  """Every non-scalar leaf of `state` with its rows reordered by `rows_N` (axis 0)."""
+  return jax.tree.map(lambda x: x[rows_N] if jnp.ndim(x) else x, state)
+
+
+def greedy_search(step: Callable, state: Any, batch_size: int, *, bos_id: int, eos_id: int,
+                  max_length: int, pad_id: int = 0) -> Array:
+  """The argmax token at each step, from BOS until EOS or max_length: (B, max_length) int32.
+
+  EOS is kept; the positions after it hold pad_id.
+  """
+  B = batch_size
+
+  def cond(carry):
+    t, _, _, done_B, _ = carry
+    return (t < max_length) & ~done_B.all()
+
+  def body(carry):
+    t, tokens_BT, token_B, done_B, state = carry
+    logits_BV, state = step(token_B, state)
+    token_B = jnp.where(done_B, pad_id, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32))
+    return t + 1, tokens_BT.at[:, t].set(token_B), token_B, done_B | (token_B == eos_id), state
+
+  carry = (jnp.asarray(0), jnp.full((B, max_length), pad_id, jnp.int32),
+           jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B,), jnp.bool_), state)
+  return jax.lax.while_loop(cond, body, carry)[1]
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+  """((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14), |Y| counting the EOS."""
+  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+def beam_search(step: Callable, state: Any, batch_size: int, *, beam_size: int, bos_id: int,
+                eos_id: int, max_length: int, alpha: float = 0.6, pad_id: int = 0,
+                reorder: Callable = gather_rows) -> tuple[Array, Array]:
+  """The best hypothesis of a beam search per row: tokens (B, max_length) and score (B,).
+
+  A hypothesis's score is its log-probability divided by length_penalty
+  (alpha 0 scores by log-probability alone; Vaswani et al. 2017 use beam 4
+  and alpha 0.6, sec. 6.1). `state` holds B * beam_size rows, beam k of
+  example b at row b * beam_size + k (repeat each row beam_size times);
+  `reorder(state, rows)` gathers them, by default along axis 0 of every
+  leaf. Each step keeps the beam_size best unfinished hypotheses and the
+  beam_size best finished ones; the search stops when no unfinished
+  hypothesis can still beat the best finished one. A row that finishes no
+  hypothesis within max_length returns its best unfinished one.
+  """
+  B, K = batch_size, beam_size
+  neg_inf = jnp.float32(-1e30)
+  rows_BK = jnp.arange(B)[:, None] * K
+
+  def top(scores_BX, k):
+    return jax.lax.top_k(scores_BX, k)
+
+  def take(x_BX, index_BY):  # per-row gather along axis 1
+    return jnp.take_along_axis(x_BX, index_BY.reshape(index_BY.shape + (1,) * (x_BX.ndim - 2)),
+                               axis=1)
+
+  def cond(carry):
+    t, _, alive_logp_BK, _, finished_BK, _, _ = carry
+    # Log-probabilities only fall and the penalty only grows (alpha >= 0), so an unfinished
+    # hypothesis scores at most its log-probability now over the penalty of the longest one.
+    bound_B = alive_logp_BK[:, 0] / length_penalty(jnp.asarray(max_length), alpha)
+    open_B = bound_B > finished_BK[:, 0]
+    return (t < max_length) & open_B.any()
+
+  def body(carry):
+    t, alive_BKT, alive_logp_BK, fin_BKT, fin_score_BK, token_N, state = carry
+    logits_NV, state = step(token_N, state)
+    V = logits_NV.shape[-1]
+    logp_BKV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(B, K, V)
+    candidates_BX = (alive_logp_BK[:, :, None] + logp_BKV).reshape(B, K * V)
+    # 2K candidates: even if K of them end with EOS, K unfinished ones remain.
+    logp_B2, index_B2 = top(candidates_BX, 2 * K)
+    beam_B2, token_B2 = index_B2 // V, (index_B2 % V).astype(jnp.int32)
+    seqs_B2T = take(alive_BKT, beam_B2).at[:, :, t].set(token_B2)
+    ends_B2 = token_B2 == eos_id
+
+    alive_logp_BK, pick_BK = top(jnp.where(ends_B2, neg_inf, logp_B2), K)
+    alive_BKT = take(seqs_B2T, pick_BK)
+    state = reorder(state, (rows_BK + take(beam_B2, pick_BK)).reshape(-1))
+    token_N = take(token_B2, pick_BK).reshape(-1)
+
+    new_score_B2 = jnp.where(ends_B2, logp_B2 / length_penalty(t + 1, alpha), neg_inf)
+    fin_score_BX = jnp.concatenate([fin_score_BK, new_score_B2], axis=1)
+    fin_score_BK, pick_BK = top(fin_score_BX, K)
+    fin_BKT = take(jnp.concatenate([fin_BKT, seqs_B2T], axis=1), pick_BK)
+    return t + 1, alive_BKT, alive_logp_BK, fin_BKT, fin_score_BK, token_N, state
+
+  # Only beam 0 is alive at the start, so the first step's K candidates differ.
+  alive_logp_BK = jnp.where(jnp.arange(K)[None] == 0, 0.0, neg_inf) * jnp.ones((B, 1))
+  carry = (jnp.asarray(0), jnp.full((B, K, max_length), pad_id, jnp.int32), alive_logp_BK,
+           jnp.full((B, K, max_length), pad_id, jnp.int32), jnp.full((B, K), neg_inf),
+           jnp.full((B * K,), bos_id, jnp.int32), state)
+  t, alive_BKT, alive_logp_BK, fin_BKT, fin_score_BK, _, _ = jax.lax.while_loop(
+      cond, body, carry)
+  none_B = fin_score_BK[:, 0] <= neg_inf
+  tokens_BT = jnp.where(none_B[:, None], alive_BKT[:, 0], fin_BKT[:, 0])
+  scores_B = jnp.where(none_B, alive_logp_BK[:, 0] / length_penalty(t, alpha),
+                       fin_score_BK[:, 0])
+  return tokens_BT, scores_B

@@ -154,18 +154,20 @@ def check_init_from(config, workdir: str) -> None:
 # Optimizer: AdamW (or Adagrad, or SGD with momentum), warmup then a decay, clipping.
 # ----------------------------------------------------------------------------
 
-SCHEDULES = ('linear', 'cosine', 'constant', 'inverse_sqrt')
+SCHEDULES = ('linear', 'cosine', 'constant', 'inverse_sqrt', 'rsqrt')
 OPTIMIZERS = ('adamw', 'adagrad', 'sgd')
 
 
 def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """Linear warmup, then linear (BERT sec. A.2), cosine (GPT sec. 4.1) or no decay (bilm-tf);
-  or CVT's inverse square root.
+  """Linear warmup, then linear (BERT sec. A.2), cosine (GPT sec. 4.1), no decay (bilm-tf)
+  or 1/sqrt(step) decay (the Transformer, sec. 5.3); or CVT's inverse square root.
 
   As the reference code computes them over the whole run: BERT's
   lr * (1 - step / num_steps), OpenAI's lr * (1 + cos(pi * step / num_steps)) / 2,
   cvt_text's lr * min(step / warmup, 1) / (1 + decay_rate * sqrt(step)) (the decay
-  applies during the warmup too).
+  applies during the warmup too). 'rsqrt' is Vaswani et al.'s
+  d^-0.5 min(step^-0.5, step warmup^-1.5) with its peak d^-0.5 warmup^-0.5 as
+  optimizer.learning_rate: lr * min(step / warmup, sqrt(warmup / step)).
   """
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
   kind = opt_cfg.get('schedule', 'linear')
@@ -173,6 +175,10 @@ def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
     decay_rate = opt_cfg.get('decay_rate', 0.005)
     ramp = (lambda step: 1.0) if warmup == 0 else (lambda step: jnp.minimum(step / warmup, 1.0))
     return lambda step: lr * ramp(step) / (1.0 + decay_rate * jnp.sqrt(step))
+
+  if kind == 'rsqrt':
+    return lambda step: lr * jnp.minimum(step / max(warmup, 1),
+                                         jnp.sqrt(max(warmup, 1) / jnp.maximum(step, 1)))
 
   def schedule(step):
     done = jnp.minimum(step, num_steps) / num_steps
@@ -216,7 +222,9 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
   else:
     update = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                          weight_decay=opt_cfg.weight_decay, mask=decay_mask)
-  tx = optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), update)
+  # clip_norm 0 clips nothing (the Transformer's recipe has no clipping).
+  tx = (optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), update) if opt_cfg.clip_norm
+        else update)
   frozen = tuple(opt_cfg.get('frozen', ()))
   if not frozen:
     return tx
@@ -544,8 +552,12 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
         progress.last_good_step = step
       if step % tc.eval_every == 0 or step == tc.num_steps:
-        writer.write(step, evaluate(run.eval_step, state.params, run.config, run.tokenizer,
-                                    run.mesh, run.objective.summarize), prefix='eval_')
+        metrics = evaluate(run.eval_step, state.params, run.config, run.tokenizer, run.mesh,
+                           run.objective.summarize)
+        if run.config.get('decode', {}).get('bleu_examples'):  # translation models
+          import translate  # pylint: disable=g-import-not-at-top (it imports train)
+          metrics.update(translate.evaluate_bleu(run.config, state.params, run.tokenizer))
+        writer.write(step, metrics, prefix='eval_')
       progress.paused += time.time() - pause
     if step < end:  # stopped by SIGTERM
       if pending is not None:

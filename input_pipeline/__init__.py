@@ -1,7 +1,8 @@
 """Input pipelines: host-local numpy batches, resumable by a small state dict.
 
 A pipeline is a module of this package named by config.data.pipeline
-(bert_pretraining, packed_lm, gpt_finetune, bilm, tagging, cvt). It exports
+(bert_pretraining, packed_lm, gpt_finetune, bilm, tagging, cvt,
+translation). It exports
 `get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
 process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
 synthetic batch of the same feature spec.
@@ -29,7 +30,8 @@ Batch = dict[str, np.ndarray]
 
 
 # The modules of this package that are pipelines (the others are shared parts).
-PIPELINES = ('bert_pretraining', 'packed_lm', 'gpt_finetune', 'bilm', 'tagging', 'cvt')
+PIPELINES = ('bert_pretraining', 'packed_lm', 'gpt_finetune', 'bilm', 'tagging', 'cvt',
+             'translation')
 
 
 def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
@@ -56,7 +58,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
-  """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one."""
+  """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one.
+
+  A pipeline that learns its vocabulary from other text than sources.documents
+  (translation: both sides of sentence pairs) has a get_tokenizer of its own.
+  """
+  module = _pipeline(data_cfg)
+  if hasattr(module, 'get_tokenizer'):
+    return module.get_tokenizer(data_cfg, vocab_size, saved_dir=saved_dir)
   return sources.get_tokenizer(data_cfg, vocab_size, saved_dir=saved_dir)
 
 

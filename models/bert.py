@@ -36,9 +36,7 @@ class Config:
   remat: bool = False
 
   def __post_init__(self):
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f'model.hidden_size={self.hidden_size} is not divisible by '
-                       f'model.num_heads={self.num_heads}: pick a head count that divides it.')
+    layers.check_heads(self.hidden_size, self.num_heads)
 
 
 class Model(nn.Module):

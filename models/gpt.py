@@ -42,9 +42,7 @@ class Config:
   classifier_dropout_rate: float = 0.1
 
   def __post_init__(self):
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f'model.hidden_size={self.hidden_size} is not divisible by '
-                       f'model.num_heads={self.num_heads}: pick a head count that divides it.')
+    layers.check_heads(self.hidden_size, self.num_heads)
     if self.head not in HEADS:
       raise ValueError(f'model.head={self.head!r} is unknown: use one of {HEADS}.')
 

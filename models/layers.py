@@ -22,6 +22,13 @@ Initializer = Callable[..., Array]
 NEG_INF = -1e9  # finite, so fully masked rows give a uniform softmax, not NaN
 
 
+def check_heads(hidden_size: int, num_heads: int) -> None:
+  """A model Config's check: the heads split the width evenly."""
+  if hidden_size % num_heads:
+    raise ValueError(f'model.hidden_size={hidden_size} is not divisible by '
+                     f'model.num_heads={num_heads}: pick a head count that divides it.')
+
+
 def truncated_normal(stddev: float) -> Initializer:
   """BERT's initializer: a normal truncated at two standard deviations."""
   return nn.initializers.truncated_normal(stddev)
@@ -213,15 +220,17 @@ class DecodeMask(nn.Module):
 
 
 class Mlp(nn.Module):
-  """Position-wise feed-forward network with GELU (Hendrycks & Gimpel 2016).
+  """Position-wise feed-forward network with GELU (Hendrycks & Gimpel 2016) or another activation.
 
-  BERT uses the exact GELU; GPT the tanh approximation of OpenAI's code.
+  BERT uses the exact GELU; GPT the tanh approximation of OpenAI's code; the
+  Transformer a ReLU (`activation=nn.relu`, Vaswani et al. 2017, eq. 2).
   """
   mlp_dim: int
   init_stddev: float = 0.02
   dtype: Any = jnp.float32
   approximate_gelu: bool = False
   kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
+  activation: Callable[[Array], Array] | None = None  # default: GELU
 
   @nn.compact
   def __call__(self, x_BLD: Array) -> Array:
@@ -230,7 +239,10 @@ class Mlp(nn.Module):
     h_BLF = Einsum('BLD,DF->BLF', (D, F), ('embed', 'mlp'), kernel_init=init,
                    dtype=self.dtype, name='wi')(x_BLD)
     h_BLF = nn.with_logical_constraint(h_BLF, ('batch', 'length', 'act_mlp'))
-    h_BLF = nn.gelu(h_BLF, approximate=self.approximate_gelu)
+    if self.activation is None:
+      h_BLF = nn.gelu(h_BLF, approximate=self.approximate_gelu)
+    else:
+      h_BLF = self.activation(h_BLF)
     return Einsum('BLF,FD->BLD', (F, D), ('mlp', 'embed'), kernel_init=init,
                   dtype=self.dtype, name='wo')(h_BLF)
 
@@ -247,6 +259,7 @@ class PostLNBlock(nn.Module):
   approximate_gelu: bool = False
   decode: bool = False
   kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
+  activation: Callable[[Array], Array] | None = None  # default: GELU
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask_B11S: Array, deterministic: bool) -> Array:
@@ -258,7 +271,7 @@ class PostLNBlock(nn.Module):
     y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'attention_ln')(x_BLD + y_BLD)
     y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, self.approximate_gelu,
-                self.kernel_init, name='mlp')(x_BLD)
+                self.kernel_init, self.activation, name='mlp')(x_BLD)
     y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'mlp_ln')(x_BLD + y_BLD)
     return nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
@@ -270,17 +283,19 @@ class _ScanStep(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B11S: Array):
-    x_BLD = self.block(name='block')(x_BLD, mask_B11S, self.deterministic)
+  def __call__(self, x_BLD: Array, *args: Array):
+    x_BLD = self.block(name='block')(x_BLD, *args, self.deterministic)
     return x_BLD, x_BLD
 
 
 def run_layers(block: Callable[..., nn.Module], num_layers: int, x_BLD: Array,
-               mask_B11S: Array, *, deterministic: bool, scan: bool,
+               *args: Array, deterministic: bool, scan: bool,
                remat: bool, decode: bool = False) -> list[Array]:
-  """Applies `num_layers` blocks; returns every layer's output.
+  """Applies `num_layers` blocks, each called as block(x, *args, deterministic); returns every
+  layer's output.
 
-  With `scan`, the blocks' parameters (and decoding caches) are stacked on a
+  `args` are the same for every layer (masks, the encoder's output). With
+  `scan`, the blocks' parameters (and decoding caches) are stacked on a
   leading 'layers' axis and one block is compiled once (shorter compiles for
   deep models). `decode` is passed to the blocks (which must take it).
   Must be called inside a compact module method.
@@ -288,18 +303,18 @@ def run_layers(block: Callable[..., nn.Module], num_layers: int, x_BLD: Array,
   if decode:
     block = functools.partial(block, decode=True)
   elif remat:  # nothing to rematerialize without a backward pass
-    block = nn.remat(block, static_argnums=(3,))
+    block = nn.remat(block, static_argnums=(2 + len(args),))  # deterministic (self is 0)
   if not scan:
     outputs = []
     for i in range(num_layers):
-      x_BLD = block(name=f'layer_{i}')(x_BLD, mask_B11S, deterministic)
+      x_BLD = block(name=f'layer_{i}')(x_BLD, *args, deterministic)
       outputs.append(x_BLD)
     return outputs
   step = nn.scan(
       _ScanStep, variable_axes={'params': 0, 'cache': 0},
       split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast, length=num_layers,
       metadata_params={nn.PARTITION_NAME: 'layers'})
-  _, ys_NBLD = step(block, deterministic, name='layers')(x_BLD, mask_B11S)
+  _, ys_NBLD = step(block, deterministic, name='layers')(x_BLD, *args)
   return [ys_NBLD[i] for i in range(num_layers)]
 
 

@@ -47,10 +47,17 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
 _REPORT_ORDER = ('loss', 'lm_loss', 'lm_accuracy', 'lm_perplexity')
 
 
+def summarize_with_perplexity(totals: Mapping[str, np.ndarray], nll: str, perplexity: str,
+                              order: tuple[str, ...]) -> dict[str, float]:
+  """Means of the accumulated (sum, count) pairs, plus exp(mean of `nll`) as `perplexity`;
+  the names in `order` first."""
+  means = {k: float(v[0] / max(v[1], 1e-9)) for k, v in totals.items()}
+  if nll in means:
+    means[perplexity] = float(np.exp(min(means[nll], 50.0)))
+  first = [k for k in order if k in means]
+  return {k: means[k] for k in first + sorted(set(means) - set(first))}
+
+
 def summarize(totals: Mapping[str, np.ndarray]) -> dict[str, float]:
   """Means of the accumulated (sum, count) pairs, plus perplexity exp(lm_loss)."""
-  means = {k: float(v[0] / max(v[1], 1e-9)) for k, v in totals.items()}
-  if 'lm_loss' in means:
-    means['lm_perplexity'] = float(np.exp(min(means['lm_loss'], 50.0)))
-  first = [k for k in _REPORT_ORDER if k in means]
-  return {k: means[k] for k in first + sorted(set(means) - set(first))}
+  return summarize_with_perplexity(totals, 'lm_loss', 'lm_perplexity', _REPORT_ORDER)

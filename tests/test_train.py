@@ -252,3 +252,17 @@ def test_cvt_schedule_and_momentum_follow_cvt_text():
     updates, state = tx.update({'w': np.float32(1.0)}, state, params)
     params = optax.apply_updates(params, updates)
   np.testing.assert_allclose(params['w'], 1.0 - 0.1 * 1.0 - 0.1 * 1.9, rtol=1e-6)
+
+
+def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
+  # Vaswani et al. 2017, eq. 3: d^-0.5 min(step^-0.5, step warmup^-1.5), d = 512, warmup 4000.
+  opt = ml_collections.ConfigDict(dict(learning_rate=512 ** -0.5 * 4000 ** -0.5,
+                                       warmup_steps=4000, schedule='rsqrt'))
+  schedule = train.learning_rate_schedule(opt, 100_000)
+  steps = np.array([1, 1000, 4000, 16_000, 100_000])
+  expected = 512 ** -0.5 * np.minimum(steps ** -0.5, steps * 4000 ** -1.5)
+  np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-5)
+  opt.update(name='sgd', momentum=0.0, clip_norm=0.0)
+  tx = train.make_optimizer(opt, lambda step: 1.0)
+  updates, _ = tx.update({'w': np.float32(50.0)}, tx.init({'w': np.float32(0.0)}))
+  np.testing.assert_allclose(updates['w'], -50.0)

@@ -1,0 +1,56 @@
+"""Label-smoothed cross entropy of a translation model (Vaswani et al. 2017, sec. 5.4).
+
+The smoothed target puts 1 - eps on the reference token and eps / V on every
+token of the vocabulary (Szegedy et al. 2016, sec. 7, which the paper cites),
+so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v). Padding (target id 0
+outside any segment) has weight 0. Perplexity and accuracy are of the
+unsmoothed model, as the paper reports them.
+"""
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from objectives import lm
+
+Array = jax.Array
+
+
+def weights(batch: Mapping[str, Array]) -> Array:
+  """1 at real target tokens, 0 at padding."""
+  if 'target_segment_ids' in batch:
+    return (batch['target_segment_ids'] > 0).astype(jnp.float32)
+  return (batch['target_ids'] > 0).astype(jnp.float32)
+
+
+def smoothed_cross_entropy(logits_XV: Array, targets_X: Array, label_smoothing: float) -> Array:
+  """Per-token cross entropy against (1 - eps) * onehot + eps / V, shape X."""
+  logp_XV = jax.nn.log_softmax(logits_XV.astype(jnp.float32), axis=-1)
+  nll_X = -jnp.take_along_axis(logp_XV, targets_X[..., None], axis=-1)[..., 0]
+  if not label_smoothing:
+    return nll_X
+  return (1.0 - label_smoothing) * nll_X - label_smoothing * logp_XV.mean(axis=-1)
+
+
+def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
+            label_smoothing: float = 0.1) -> tuple[Array, dict[str, Array]]:
+  """Mean smoothed cross entropy per target token of outputs['logits'] against batch['target_ids']."""
+  logits_BLV, targets_BL = outputs['logits'], batch['target_ids']
+  weights_BL = weights(batch)
+  ce_BL = smoothed_cross_entropy(logits_BLV, targets_BL, label_smoothing)
+  count = weights_BL.sum()
+  ce_sum = jnp.where(weights_BL > 0, ce_BL * weights_BL, 0.0).sum()
+  loss = ce_sum / jnp.maximum(count, 1.0)
+  nll, _, correct = lm.token_stats(logits_BLV, targets_BL, weights_BL)
+  return loss, {'loss': lm.pair(loss, 1.0), 'smoothed_loss': lm.pair(ce_sum, count),
+                'nll': lm.pair(nll, count), 'token_accuracy': lm.pair(correct, count)}
+
+
+_REPORT_ORDER = ('loss', 'nll', 'perplexity', 'token_accuracy')
+
+
+def summarize(totals: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """Means of the (sum, count) pairs, plus perplexity exp(nll) per target token."""
+  return lm.summarize_with_perplexity(totals, 'nll', 'perplexity', _REPORT_ORDER)
