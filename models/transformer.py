@@ -219,3 +219,19 @@ def _positions(batch: Mapping[str, Array], side: str, ids_BL: Array) -> Array:
   key = f'{side}_positions'
   return batch[key] if key in batch else jnp.broadcast_to(jnp.arange(ids_BL.shape[1]),
                                                           ids_BL.shape)
+
+
+def train_flops_per_example(cfg: Config, data_cfg) -> float:
+  """Analytic training FLOPs of one packed row pair: 3x the forward matmul FLOPs (2 per multiply-add).
+
+  Every one of the S = L = data.max_seq_length slots of a side is counted,
+  padding included; attention over all L x L (or L x S) scores, as computed.
+  The encoder's keys/values are projected once per decoder layer.
+  """
+  D, F, V = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size
+  L = data_cfg.max_seq_length
+  attention = 2 * L * 4 * D * D + 2 * 2 * L * L * D
+  mlp = 2 * L * 2 * D * F
+  encoder = cfg.num_encoder_layers * (attention + mlp)
+  decoder = cfg.num_decoder_layers * (2 * attention + mlp)
+  return 3.0 * (encoder + decoder + 2 * L * D * V)

@@ -6,8 +6,8 @@ import bench
 from test_train import micro_config
 
 
-def test_benchmark_reports_consistent_figures(tmp_path):
-  config = micro_config(str(tmp_path))
+def test_benchmark_reports_consistent_figures(shared_data_dir):
+  config = micro_config(shared_data_dir)
   result = bench.benchmark(config, steps=2, warmup=1)
   expected = {'step_seconds', 'tokens_per_sec', 'model_flops_per_step', 'achieved_flops_per_sec',
               'matmul_peak_flops_per_sec', 'mfu', 'compile_seconds', 'peak_memory_bytes',

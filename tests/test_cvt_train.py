@@ -39,10 +39,10 @@ def read_metrics(workdir):
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, shared_data_dir):
   workdirs = {name: str(tmp_path_factory.mktemp(name))
               for name in ('cvt', 'supervised', 'multitask')}
-  data_dir = str(tmp_path_factory.mktemp('data'))
+  data_dir = shared_data_dir
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
              JAX_PLATFORMS='cpu')
   result = subprocess.run(

@@ -22,8 +22,8 @@ _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JA
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('data'))
+def data_dir(shared_data_dir):
+  return shared_data_dir
 
 
 def read_metrics(workdir):

@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('data'))
+def data_dir(shared_data_dir):
+  return shared_data_dir
 
 
 def read_metrics(workdir):

@@ -30,8 +30,8 @@ def bert_config(variant='tiny'):
 
 
 @pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('data'))
+def data_dir(shared_data_dir):
+  return shared_data_dir
 
 
 def micro_config(data_dir, **train_overrides):

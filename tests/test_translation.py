@@ -158,9 +158,9 @@ train.train_and_evaluate(config, sys.argv[1])
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, shared_data_dir):
   workdir = str(tmp_path_factory.mktemp('mt_tiny'))
-  data_dir = str(tmp_path_factory.mktemp('data'))
+  data_dir = shared_data_dir
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
              JAX_PLATFORMS='cpu')
   result = subprocess.run([sys.executable, '-c', _RUN, workdir, data_dir], cwd=ROOT, env=env,
