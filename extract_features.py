@@ -1,8 +1,12 @@
-"""Writes the ELMo representations of every token of a text file (Peters et al. 2018, sec. 3.2).
+"""Writes the ELMo or CoVe representations of every word of a text file.
 
     python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt --output=features.h5
     python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt \
         --output=features.npz --layers=average
+    python extract_features.py --workdir=runs/cove --input=sentences.txt --output=cove.h5 \
+        [--glove=glove.840B.300d.txt] [--cove_only]
+
+ELMo (Peters et al. 2018, sec. 3.2), from a configs/elmo.py run:
 
 One sentence per line (empty lines are skipped), split into words as the
 pretraining text was. Each sentence becomes one dataset named by its line's
@@ -10,10 +14,18 @@ index among the non-empty lines ("0", "1", ...), as bilm-tf's
 dump_bilm_embeddings does: --layers=all gives (2L+1, n, 2D) float32 (the
 token layer duplicated, then each LSTM layer's [forward; backward]); top gives
 the top layer (n, 2D); average the equal-weight mix (n, 2D). The <S> and </S>
-the biLM reads around the sentence are left out. A dataset
-"sentence_to_index" holds a JSON object from each sentence's text to its
-index, as allennlp's elmo command writes. Works on any workdir whose config
-trains models.elmo (configs/elmo.py).
+the biLM reads around the sentence are left out.
+
+CoVe (McCann et al. 2017, sec. 4), from a configs/cove.py run: per sentence
+[GloVe(w); CoVe(w)] of each word, (n, W + 2H) float32, or CoVe(w) alone (n,
+2H) with --cove_only; CoVe(w) is the MT-LSTM encoder's top layer. Words are
+split as in training. GloVe(w) is the run's frozen vector of the word, or
+with --glove the vector from that file (so words outside the run's
+vocabulary get theirs too); a word without one gets the run's learned
+unknown-word vector.
+
+Both write a dataset "sentence_to_index" holding a JSON object from each
+sentence's text to its index, as allennlp's elmo command writes.
 """
 
 import json
@@ -29,7 +41,9 @@ import ml_collections
 import numpy as np
 
 import train
+from input_pipeline import glove as glove_lib
 from input_pipeline import words as words_lib
+from models import cove
 from models import elmo
 
 LAYERS = ('all', 'top', 'average')
@@ -88,6 +102,53 @@ def representations(model: elmo.Model, params, vocab, config, sentences: list[st
   return results
 
 
+def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[str], *,
+                  glove_file: str = '', cove_only: bool = False,
+                  batch_size: int = 32) -> list[np.ndarray]:
+  """Per sentence, [GloVe(w); CoVe(w)] (n, W + X) of its words, or CoVe(w) (n, X) alone."""
+  lower = config.data.lower_case
+  sentence_words = [words_lib.word_tokens(s.lower() if lower else s) for s in sentences]
+  table = np.asarray(params['word_vectors']['table']['embedding'])
+  unknown = np.asarray(params['word_vectors']['unknown'])
+  if glove_file:
+    if not config.data.get('glove_file'):
+      raise ValueError('This CoVe run was trained on random word vectors, not GloVe: drop '
+                       '--glove (its own vectors are used).')
+    distinct = sorted({w for words in sentence_words for w in words})
+    vectors, found = glove_lib.vectors_for(distinct, glove_file, lower_case=lower)
+    if vectors.shape[1] != table.shape[1]:
+      raise ValueError(f'--glove has {vectors.shape[1]}-d vectors but the run read '
+                       f'{table.shape[1]}-d ones: pass the GloVe file it was trained with.')
+    row = {w: i for i, w in enumerate(distinct)}
+    lookup = lambda w: vectors[row[w]] if found[row[w]] else unknown  # noqa: E731
+  else:
+    def lookup(w):
+      i = int(tokenizer.source.ids([w])[0])
+      return unknown if i == cove.UNKNOWN_WORD_ID else table[i]
+
+  @jax.jit
+  def encode(vectors_BSW, lengths_B):
+    return model.apply({'params': params}, vectors_BSW, lengths_B, method='encode_vectors')[-1]
+
+  order = sorted(range(len(sentences)), key=lambda i: len(sentence_words[i]))
+  results = [None] * len(sentences)
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = _bucket(max(len(sentence_words[i]) for i in chunk))
+    vectors_BSW = np.zeros((batch_size, length, table.shape[1]), np.float32)
+    lengths_B = np.zeros(batch_size, np.int32)
+    for r, i in enumerate(chunk):
+      words = sentence_words[i]
+      vectors_BSW[r, :len(words)] = [lookup(w) for w in words]
+      lengths_B[r] = len(words)
+    states_BSX = np.asarray(encode(jnp.asarray(vectors_BSW), jnp.asarray(lengths_B)), np.float32)
+    for r, i in enumerate(chunk):
+      n = lengths_B[r]
+      parts = [states_BSX[r, :n]] if cove_only else [vectors_BSW[r, :n], states_BSX[r, :n]]
+      results[i] = np.concatenate(parts, axis=-1)
+  return results
+
+
 def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
   """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index."""
   index = json.dumps({s: i for i, s in reversed(list(enumerate(sentences)))})
@@ -115,7 +176,7 @@ def _write_file(tmp: str, index: str, features: list[np.ndarray]) -> None:
 
 
 def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
-            batch_size: int = 32) -> int:
+            batch_size: int = 32, glove: str = '', cove_only: bool = False) -> int:
   """Writes the features of every sentence of `input_path` to `output`; returns the count."""
   if layers not in LAYERS:
     raise ValueError(f'--layers={layers!r}: use one of {", ".join(LAYERS)}.')
@@ -126,9 +187,16 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
   if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
     raise ValueError(f'--output={output!r}: its directory does not exist; create it first.')
   sentences = read_sentences(input_path)
-  config, model, params, vocab = load_bilm(workdir)
-  features = representations(model, params, vocab, config, sentences, layers=layers,
-                             batch_size=batch_size)
+  config, model, params, vocab = train.load_trained(
+      workdir, ('elmo', 'cove'), 'extract_features.py (configs/elmo.py or configs/cove.py)')
+  if config.model_name == 'cove':
+    features = cove_features(model, params, vocab, config, sentences, glove_file=glove,
+                             cove_only=cove_only, batch_size=batch_size)
+  elif glove or cove_only:
+    raise ValueError('--glove and --cove_only are for CoVe runs; this is an ELMo run.')
+  else:
+    features = representations(model, params, vocab, config, sentences, layers=layers,
+                               batch_size=batch_size)
   write(output, sentences, features)
   return len(sentences)
 
@@ -142,16 +210,19 @@ def main(argv):
   if not (f.workdir and f.input and f.output):
     sys.exit('extract_features.py: error: pass --workdir=DIR --input=FILE --output=FILE.h5.')
   try:
-    count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size)
+    count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size,
+                    glove=f.glove, cove_only=f.cove_only)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'extract_features.py: error: {e}')
-  print(f'Wrote the ELMo {f.layers} layers of {count} sentences to {f.output}.', flush=True)
+  print(f'Wrote the features of {count} sentences to {f.output}.', flush=True)
 
 
 if __name__ == '__main__':
-  flags.DEFINE_string('workdir', None, 'Workdir of an ELMo pretraining run.')
+  flags.DEFINE_string('workdir', None, 'Workdir of an ELMo or CoVe training run.')
   flags.DEFINE_string('input', None, 'Text file, one sentence per line.')
   flags.DEFINE_string('output', None, 'Output file: .h5/.hdf5 (hdf5) or .npz.')
-  flags.DEFINE_enum('layers', 'all', LAYERS, 'all (2L+1, n, 2D), top or average (n, 2D).')
+  flags.DEFINE_enum('layers', 'all', LAYERS, 'ELMo: all (2L+1, n, 2D), top or average (n, 2D).')
+  flags.DEFINE_string('glove', '', 'CoVe: GloVe text file for GloVe(w) (default: the run\'s).')
+  flags.DEFINE_bool('cove_only', False, 'CoVe: write CoVe(w) without GloVe(w).')
   flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')
   app.run(main)

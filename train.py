@@ -139,14 +139,17 @@ def check_init_from(config, workdir: str) -> None:
   if saved.get('model_name') not in (config.model_name, starts_from):
     raise ValueError(f'config.init_from is a {saved.get("model_name")!r} run and this config '
                      f'trains {config.model_name!r}: start from a {starts_from!r} run.')
-  fields = ([('model', f) for f in _SHAPE_FIELDS if f in config.model] +
-            [('data', f) for f in ('tokenizer', 'lower_case') if f in config.data])
-  for part, field in fields:
-    theirs = saved[part].get(field)
+  # Ours -> theirs, where a task model names the pretrained model's sizes otherwise
+  # (the BCN's word vocabulary is CoVe's source_vocab_size).
+  model_fields = getattr(module, 'INIT_FROM_FIELDS', {f: f for f in _SHAPE_FIELDS})
+  fields = ([('model', f, theirs) for f, theirs in model_fields.items() if f in config.model] +
+            [('data', f, f) for f in ('tokenizer', 'lower_case') if f in config.data])
+  for part, field, their_field in fields:
+    theirs = saved[part].get(their_field)
     if theirs != _as_json(config[part][field]):
       raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
-                       f'config.init_from has {theirs}: pick the size it was trained with '
-                       f'(the config argument <task>,<size>) or set '
+                       f'config.init_from has {part}.{their_field}={theirs}: pick the size it '
+                       f'was trained with (the config argument <task>,<size>) or set '
                        f'--config.{part}.{field}={theirs}.')
 
 
@@ -368,9 +371,13 @@ def write_workdir_files(config, workdir: str, tokenizer) -> None:
     return
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
-  saved = os.path.join(workdir, type(tokenizer).FILE_NAME)
-  if os.path.abspath(tokenizer.vocab_file) != os.path.abspath(saved):
-    shutil.copyfile(tokenizer.vocab_file, saved)
+  # CoVe keeps two vocabularies (source words, target subwords); the others one.
+  files = (tokenizer.files() if hasattr(tokenizer, 'files')
+           else {type(tokenizer).FILE_NAME: tokenizer.vocab_file})
+  for name, path in files.items():
+    saved = os.path.join(workdir, name)
+    if os.path.abspath(path) != os.path.abspath(saved):
+      shutil.copyfile(path, saved)
 
 
 @dataclasses.dataclass
@@ -438,23 +445,30 @@ def setup(config, workdir: str, mesh) -> Run:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
     state = state.replace(params=init_params(state.params, config.init_from))
+  else:
+    model_module = importlib.import_module(f'models.{config.model_name}')
+    if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
+      state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
   write_workdir_files(config, workdir, tokenizer)
   return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
              train_step, eval_step, mngr)
 
 
-def load_trained(workdir: str, model_name: str, command: str) -> tuple[Any, nn.Module, Any, Any]:
-  """The config, model, latest parameters (on one device) and tokenizer of a `model_name` workdir."""
+def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
+                 ) -> tuple[Any, nn.Module, Any, Any]:
+  """The config, model, latest parameters (on one device) and tokenizer of a workdir that
+  trained one of `model_names`."""
+  names = (model_names,) if isinstance(model_names, str) else tuple(model_names)
   path = os.path.join(workdir, 'config.json')
   if not (os.path.isfile(path) and checkpoints.exist(workdir)):
     raise ValueError(f'{workdir} holds no config.json and checkpoint: pass the --workdir of '
-                     f'a {model_name} training run.')
+                     f'a {" or ".join(names)} training run.')
   with open(path, encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f))
-  if config.model_name != model_name:
-    raise ValueError(f'{workdir} trained {config.model_name!r}: {command} reads {model_name} '
-                     'runs.')
-  model = importlib.import_module(f'models.{model_name}').Model(model_config(config))
+  if config.model_name not in names:
+    raise ValueError(f'{workdir} trained {config.model_name!r}: {command} reads '
+                     f'{" or ".join(names)} runs.')
+  model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.eval_shape(lambda: nn.meta.unbox(

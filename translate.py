@@ -14,7 +14,6 @@ output (the byte-level BPE decodes to the exact text).
 import functools
 import importlib
 import sys
-from typing import Any
 
 from absl import app
 from absl import flags
@@ -30,50 +29,27 @@ from input_pipeline import translation
 LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this: few compiled shapes
 
 
-def _reorder(state: Any, rows_N: jax.Array) -> Any:
-  """Beam rows of the decoding state; scanned decoder layers keep their cache rows on axis 1."""
-  def gather(path, x):
-    if not jnp.ndim(x):
-      return x
-    scanned = any(getattr(k, 'key', None) == 'layers' for k in path)
-    return x[:, rows_N] if scanned else x[rows_N]
-  return jax.tree_util.tree_map_with_path(gather, state)
-
-
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_length', 'alpha',
                                              'bos_id', 'eos_id'))
 def translate_ids(model, params, source_ids_BS: jax.Array, *, beam_size: int, alpha: float,
                   max_length: int, bos_id: int, eos_id: int) -> jax.Array:
-  """Output ids (B, max_length) for source ids (B, S), EOS-terminated sources, 0 = padding.
+  """Output ids (B, max_length) for source ids (B, S), 0 = padding.
 
-  beam_size 1 is greedy search (decoding.greedy_search), the others beam search.
+  beam_size 1 is greedy search (decoding.greedy_search), the others beam
+  search. The model's module says how it decodes: its `decoder` gives the
+  step function, the starting state of B * beam_size rows and how to
+  reorder that state (None: decoding.gather_rows).
   """
   B = source_ids_BS.shape[0]
-  N = B * beam_size
-  memory_BSD = model.apply({'params': params}, {'source_ids': source_ids_BS}, method='encode')
-  source_NS = jnp.repeat(source_ids_BS, beam_size, axis=0)
-  memory_NSD = jnp.repeat(memory_BSD, beam_size, axis=0)
-  # The cache's shapes, from an init that runs the decoder on max_length target tokens.
-  def make_cache():
-    batch = {'source_ids': source_NS, 'target_input_ids': jnp.zeros((N, max_length), jnp.int32)}
-    return model.init(jax.random.key(0), batch, decode=True)['cache']
-  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
-
-  def step(token_N, state):
-    cache, memory_NSD, source_NS = state
-    logits_N1V, variables = model.apply(
-        {'params': params, 'cache': cache}, memory_NSD,
-        {'source_ids': source_NS, 'target_input_ids': token_N[:, None]},
-        decode=True, method='decode', mutable=['cache'])
-    return logits_N1V[:, 0], (variables['cache'], memory_NSD, source_NS)
-
-  state = (cache, memory_NSD, source_NS)
+  model_module = importlib.import_module(type(model).__module__)
+  step, state, reorder = model_module.decoder(model, params, source_ids_BS,
+                                              beam_size=beam_size, max_length=max_length)
   if beam_size == 1:
     return decoding.greedy_search(step, state, B, bos_id=bos_id, eos_id=eos_id,
                                   max_length=max_length)
   tokens, _ = decoding.beam_search(step, state, B, beam_size=beam_size, bos_id=bos_id,
                                    eos_id=eos_id, max_length=max_length, alpha=alpha,
-                                   reorder=_reorder)
+                                   reorder=reorder or decoding.gather_rows)
   return tokens
 
 
@@ -83,10 +59,10 @@ def translate(model, params, tokenizer, sentences: list[str], *, beam_size: int 
   """The translation of each sentence, in order (batched by length, then restored)."""
   if beam_size < 1:
     raise ValueError(f'beam_size={beam_size}: use 1 (greedy) or more.')
-  encoded = tokenizer.encode_batch(list(sentences))
-  encoded = [ids + [tokenizer.eot_id] for ids in encoded]
-  limit = (model.config.max_position_embeddings if model.config.positions == 'learned'
-           else None)
+  encoded = [ids or [tokenizer.eot_id]  # an empty line: one token, so the encoder has a length
+             for ids in translation.encode_sources(tokenizer, list(sentences))]
+  limit = (model.config.max_position_embeddings
+           if getattr(model.config, 'positions', None) == 'learned' else None)
   order = np.argsort([len(ids) for ids in encoded], kind='stable')
   outputs = [''] * len(encoded)
   for start in range(0, len(order), batch_size):
@@ -131,7 +107,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   try:
-    config, model, params, tokenizer = train.load_trained(f.workdir, 'transformer',
+    config, model, params, tokenizer = train.load_trained(f.workdir, ('transformer', 'cove'),
                                                           'translate.py')
     with open(f.input, encoding='utf-8') as source_file:
       sentences = [line.strip() for line in source_file]

@@ -65,3 +65,29 @@ def set_text_source(data: ml_collections.ConfigDict) -> None:
   data.tfds_data_dir = ''
   data.eval_holdout = 100  # 1 in N documents go to the eval split
   data.data_dir = ''  # cache for the embedded corpus and learned vocabularies; '' = ~/.cache/lm_lineage
+
+
+def translation_data(tiny: bool, tfds_name: str, max_seq_length: int) -> ml_collections.ConfigDict:
+  """config.data of a translation run: English to German pairs from TFDS, or the offline task."""
+  data = ml_collections.ConfigDict()
+  data.pipeline = 'translation'
+  data.pairs = 'offline' if tiny else 'tfds'
+  data.source_language = 'en'
+  data.target_language = 'de'
+  data.source_files = ''  # with data.pairs='files': globs of line-aligned text
+  data.target_files = ''
+  data.eval_source_files = ''
+  data.eval_target_files = ''
+  data.offline_max_words = 12  # the offline task's longest sentence, in words
+  data.tokenizer = 'bpe'
+  data.vocab_file = ''  # a tokenizer.json; empty learns one from both sides of the pairs
+  data.lower_case = False
+  data.max_seq_length = max_seq_length  # tokens of a row, each side
+  data.docs_per_chunk = 2000 if tiny else 100_000  # pairs shuffled (and packed) together
+  set_text_source(data)  # the offline task's English text (the embedded corpus)
+  if not tiny:
+    data.tfds_name = tfds_name
+    data.tfds_split = 'train'
+    data.tfds_eval_split = 'validation'
+  data.eval_holdout = 20 if tiny else 100
+  return data

@@ -62,27 +62,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.loss = ml_collections.ConfigDict()
   config.loss.label_smoothing = 0.1  # eps_ls (sec. 5.4)
 
-  data = config.data = ml_collections.ConfigDict()
-  data.pipeline = 'translation'
-  data.pairs = 'offline' if tiny else 'tfds'
-  data.source_language = 'en'
-  data.target_language = 'de'
-  data.source_files = ''  # with data.pairs='files': globs of line-aligned text
-  data.target_files = ''
-  data.eval_source_files = ''
-  data.eval_target_files = ''
-  data.offline_max_words = 12  # the offline task's longest sentence, in words
-  data.tokenizer = 'bpe'
-  data.vocab_file = ''  # a tokenizer.json; empty learns one from both sides of the pairs
-  data.lower_case = False
-  data.max_seq_length = v['max_seq_length']  # tokens per packed row, each side
-  data.docs_per_chunk = 2000 if tiny else 100_000  # pairs shuffled and packed together
-  common.set_text_source(data)  # the offline task's English text (the embedded corpus)
-  if not tiny:
-    data.tfds_name = 'wmt14_translate/de-en'
-    data.tfds_split = 'train'
-    data.tfds_eval_split = 'validation'  # newstest2013, the paper's development set
-  data.eval_holdout = 20 if tiny else 100
+  # validation is newstest2013, the paper's development set.
+  config.data = common.translation_data(tiny, 'wmt14_translate/de-en', v['max_seq_length'])
 
   opt = config.optimizer = ml_collections.ConfigDict()
   opt.name = 'adamw'

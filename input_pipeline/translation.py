@@ -12,10 +12,14 @@ Pairs come from `data.pairs`:
 One byte-level BPE vocabulary, learned from both sides of the training pairs,
 serves source and target (the paper's shared source-target vocabulary); the
 workdir keeps it. Each side ends with EOS (the tokenizer's eot_id); the
-decoder's input is the target shifted right behind BOS (start_id). Pairs
-with a side longer than data.max_seq_length tokens are left out (counted in
-the log). Examples are shuffled per chunk of data.docs_per_chunk pairs and
-packed greedily into rows, so batches have static shapes and little padding.
+decoder's input is the target shifted right behind BOS (start_id). With
+data.source_tokenizer='words' (CoVe), the source is words instead, ids of a
+word vocabulary (words.txt) learned from the training sources and kept to
+the words of data.glove_file when one is given; it has no EOS. Pairs with a
+side longer than data.max_seq_length tokens are left out (counted in the
+log). Examples are shuffled per chunk of data.docs_per_chunk pairs and
+packed greedily into rows (data.pack; one pair per row without it), so
+batches have static shapes and little padding.
 
 Feature spec, all int32, B rows of S = L = data.max_seq_length:
   source_ids, source_segment_ids, source_positions      (B, S)
@@ -25,6 +29,7 @@ Segment ids number the examples of a row from 1 (0 = padding); positions
 restart at 0 for each example.
 """
 
+import collections
 import hashlib
 import itertools
 import os
@@ -38,8 +43,10 @@ import ml_collections
 import numpy as np
 
 from input_pipeline import chunked
+from input_pipeline import glove
 from input_pipeline import sources
 from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline import words as words_lib
 
 PAIR_SOURCES = ('offline', 'files', 'tfds')
 Pair = list[str]  # [source sentence, target sentence]
@@ -151,9 +158,84 @@ def _pairs_key(data_cfg: ml_collections.ConfigDict) -> str:
   return f'{kind}-{name}-{digest}'
 
 
+class SourceWords:
+  """CoVe's two vocabularies: source words (words.txt) and the target's BPE (tokenizer.json).
+
+  Stands in for the BPE tokenizer wherever a run uses one: its vocab_size,
+  ids and decode are the target's.
+  """
+
+  def __init__(self, source: words_lib.WordVocab, target: tokenizer_lib.ByteLevelBPETokenizer,
+               lower_case: bool):
+    self.source, self.target, self.lower_case = source, target, lower_case
+    self.vocab_file, self.vocab_size = target.vocab_file, target.vocab_size
+    self.pad_id, self.eot_id, self.start_id = target.pad_id, target.eot_id, target.start_id
+
+  def files(self) -> dict[str, str]:
+    """What a run keeps in its workdir: file name there -> this vocabulary's file."""
+    return {words_lib.WordVocab.FILE_NAME: self.source.vocab_file,
+            tokenizer_lib.ByteLevelBPETokenizer.FILE_NAME: self.target.vocab_file}
+
+  def encode_source_batch(self, texts: list[str]) -> list[list[int]]:
+    return self.source.encode_batch([t.lower() if self.lower_case else t for t in texts])
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return self.target.encode_batch(texts)
+
+  def decode(self, ids) -> str:
+    return self.target.decode(ids)
+
+
+def encode_sources(tokenizer, texts: list[str]) -> list[list[int]]:
+  """Source ids: BPE ids and EOS, or CoVe's words alone (OpenNMT's encoder reads no marker)."""
+  if isinstance(tokenizer, SourceWords):
+    return tokenizer.encode_source_batch(texts)
+  return [ids + [tokenizer.eot_id] for ids in tokenizer.encode_batch(texts)]
+
+
+def _source_words(data_cfg: ml_collections.ConfigDict, saved_dir: str | None
+                  ) -> words_lib.WordVocab:
+  """The saved source words, else those of the training sources (GloVe's, with a file)."""
+  size = data_cfg.source_vocab_size
+  if saved_dir:
+    path = os.path.join(saved_dir, words_lib.WordVocab.FILE_NAME)
+    if not os.path.isfile(path):
+      raise ValueError(f'{saved_dir} has no {words_lib.WordVocab.FILE_NAME}: it was not '
+                       "trained with data.source_tokenizer='words'; match its config.json.")
+  else:
+    casing = 'uncased' if data_cfg.lower_case else 'cased'
+    vectors = glove.file_key(data_cfg.glove_file) if data_cfg.glove_file else 'any'
+    path = os.path.join(sources.default_data_dir(data_cfg), 'vocab',
+                        f'{_pairs_key(data_cfg)}-source-words-{size}-{casing}-{vectors}.txt')
+    if not os.path.exists(path):
+      texts = (p[0].lower() if data_cfg.lower_case else p[0]
+               for p in itertools.islice(pairs(data_cfg, 'train'), VOCAB_MAX_PAIRS))
+      counts = words_lib.count_words(texts)
+      if data_cfg.glove_file:  # other words share the learned <UNK> vector (models/cove.py)
+        known = glove.known_words(data_cfg.glove_file, counts, data_cfg.lower_case)
+        counts = collections.Counter({w: n for w, n in counts.items() if w in known})
+      words_lib.write_word_vocab(counts, size, path)
+  vocab = words_lib.WordVocab(path)
+  if vocab.vocab_size > size:
+    raise ValueError(f'The source vocabulary {path} has {vocab.vocab_size} words but '
+                     f'data.source_vocab_size={size}: set --config.data.source_vocab_size='
+                     f'{vocab.vocab_size}.')
+  return vocab
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
-                  saved_dir: str | None = None) -> tokenizer_lib.ByteLevelBPETokenizer:
-  """The saved or configured vocabulary, else one learned from both sides of the training pairs."""
+                  saved_dir: str | None = None
+                  ) -> tokenizer_lib.ByteLevelBPETokenizer | SourceWords:
+  """The saved or configured vocabulary, else one learned from both sides of the training pairs;
+  with data.source_tokenizer='words', that and the source words (SourceWords)."""
+  if data_cfg.get('source_tokenizer', 'bpe') == 'words':
+    return SourceWords(_source_words(data_cfg, saved_dir),
+                       _target_tokenizer(data_cfg, vocab_size, saved_dir), data_cfg.lower_case)
+  return _target_tokenizer(data_cfg, vocab_size, saved_dir)
+
+
+def _target_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
+                      saved_dir: str | None) -> tokenizer_lib.ByteLevelBPETokenizer:
   if saved_dir or data_cfg.vocab_file:
     return sources.get_tokenizer(data_cfg, vocab_size, saved_dir)
   casing = 'uncased' if data_cfg.lower_case else 'cased'
@@ -177,23 +259,22 @@ TARGET_FEATURES = ('target_input_ids', 'target_ids', 'target_segment_ids', 'targ
 
 def encode_pairs(batch: list[Pair], tokenizer, length: int
                  ) -> tuple[list[list[int]], list[list[int]], int]:
-  """Source and target ids, each ending with EOS; pairs with a side over `length` are left out."""
-  source = tokenizer.encode_batch([p[0] for p in batch])
-  target = tokenizer.encode_batch([p[1] for p in batch])
-  kept_s, kept_t = [], []
-  for s, t in zip(source, target):
-    if len(s) < length and len(t) < length:
-      kept_s.append(s + [tokenizer.eot_id])
-      kept_t.append(t + [tokenizer.eot_id])
-  return kept_s, kept_t, len(batch) - len(kept_s)
+  """Source ids (encode_sources) and target ids ending with EOS; pairs with a side over
+  `length`, or an empty one, are left out."""
+  source = encode_sources(tokenizer, [p[0] for p in batch])
+  target = [ids + [tokenizer.eot_id] for ids in tokenizer.encode_batch([p[1] for p in batch])]
+  kept = [(s, t) for s, t in zip(source, target) if 0 < len(s) <= length and len(t) <= length]
+  return [s for s, _ in kept], [t for _, t in kept], len(batch) - len(kept)
 
 
-def pack(source: list[list[int]], target: list[list[int]], length: int, bos_id: int
-         ) -> dict[str, np.ndarray]:
-  """Examples in order, as many per row as fit on both sides; the spec's arrays (rows, length)."""
+def pack(source: list[list[int]], target: list[list[int]], length: int, bos_id: int,
+         one_per_row: bool = False) -> dict[str, np.ndarray]:
+  """Examples in order, as many per row as fit on both sides (or one); the spec's arrays
+  (rows, length)."""
   rows, row, used_s, used_t = [], [], 0, 0
   for s, t in zip(source, target):
-    if row and (used_s + len(s) > length or used_t + len(t) > length):
+    full = one_per_row or used_s + len(s) > length or used_t + len(t) > length
+    if row and full:
       rows.append(row)
       row, used_s, used_t = [], 0, 0
     row.append((s, t))
@@ -229,7 +310,7 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
     if dropped:
       logging.info('Left out %d of %d %s pairs longer than data.max_seq_length=%d tokens.',
                    dropped, len(chunk), split, length)
-    return pack(source, target, length, tokenizer.start_id)
+    return pack(source, target, length, tokenizer.start_id, not data_cfg.get('pack', True))
 
   return chunked.ChunkedIterator(data_cfg, split, build, batch_size=batch_size, seed=seed,
                                  process_index=process_index, process_count=process_count,
@@ -238,13 +319,17 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
 
 def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   batch_size: int) -> dict[str, np.ndarray]:
-  """Rows of two random examples each, in the spec (ids 5 and up: not special tokens)."""
+  """Rows of two random examples each (one without data.pack), in the spec (ids 5 and up:
+  not special tokens; source words below data.source_vocab_size)."""
   rng = np.random.default_rng(0)
   length = data_cfg.max_seq_length
   half = max(length // 2, 1)
-  source = [list(rng.integers(5, vocab_size, half)) for _ in range(2 * batch_size)]
+  source_vocab = (data_cfg.source_vocab_size
+                  if data_cfg.get('source_tokenizer', 'bpe') == 'words' else vocab_size)
+  source = [list(rng.integers(5, source_vocab, half)) for _ in range(2 * batch_size)]
   target = [list(rng.integers(5, vocab_size, half)) for _ in range(2 * batch_size)]
-  return {k: v[:batch_size] for k, v in pack(source, target, length, bos_id=2).items()}
+  rows = pack(source, target, length, bos_id=2, one_per_row=not data_cfg.get('pack', True))
+  return {k: v[:batch_size] for k, v in rows.items()}
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -261,6 +346,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      'to globs of line-aligned text files.')
   if bool(data.eval_source_files) != bool(data.eval_target_files):
     raise ValueError('Set both data.eval_source_files and data.eval_target_files, or neither.')
+  source_tokenizer = data.get('source_tokenizer', 'bpe')
+  if source_tokenizer not in ('bpe', 'words'):
+    raise ValueError(f'data.source_tokenizer={source_tokenizer!r}: use bpe (the shared '
+                     'vocabulary) or words (CoVe).')
+  if source_tokenizer == 'words' and data.glove_file:
+    if not os.path.isfile(data.glove_file):
+      raise ValueError(f'data.glove_file={data.glove_file!r} does not exist: point it at a GloVe '
+                       'text file (e.g. glove.840B.300d.txt) or set it to "" for random vectors.')
+    width = glove.width(data.glove_file)
+    if width != config.model.word_dim:
+      raise ValueError(f'data.glove_file has {width}-d vectors but model.word_dim='
+                       f'{config.model.word_dim}: set --config.model.word_dim={width}.')
 
 
 def eval_pairs(data_cfg: ml_collections.ConfigDict, limit: int) -> list[Pair]:

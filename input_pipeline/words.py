@@ -126,9 +126,17 @@ class WordVocab:
   def word(self, i: int) -> str:
     return self._words[int(i)]
 
+  @property
+  def words(self) -> list[str]:
+    """Every entry, in id order."""
+    return list(self._words)
+
   def encode(self, text: str) -> list[int]:
     """Word ids of a text, no sentence markers added."""
     return self.ids(word_tokens(text)).tolist()
+
+  def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+    return [self.encode(text) for text in texts]
 
   char_ids = staticmethod(char_ids)
 
@@ -145,17 +153,28 @@ class WordVocab:
     return self.ids(framed), char_ids(framed, max_characters), lengths
 
 
+def count_words(texts: Iterable[str]) -> collections.Counter:
+  """How often each word of the texts occurs, in order of first appearance."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(word_tokens(text))
+  return counts
+
+
 def learn_word_vocab(texts: Iterable[str], vocab_size: int, path: str) -> str:
   """Writes the specials and the vocab_size - 3 most frequent words of the texts; returns path.
 
   Fewer lines when the texts have fewer distinct words.
   """
+  return write_word_vocab(count_words(texts), vocab_size, path)
+
+
+def write_word_vocab(counts: collections.Counter, vocab_size: int, path: str) -> str:
+  """Writes the specials and the vocab_size - 3 most frequent of the counted words."""
   if vocab_size <= len(SPECIAL_WORDS):
     raise ValueError(f'vocab_size={vocab_size} leaves no room for words after '
                      f'{" ".join(SPECIAL_WORDS)}: use thousands (ELMo used 793,471).')
-  counts = collections.Counter()
-  for text in texts:
-    counts.update(word_tokens(text))
+  counts = collections.Counter(counts)
   for special in SPECIAL_WORDS:
     counts.pop(special, None)
   # A stable sort (reverse=True too): ties keep the Counter's order, that of first appearance.

@@ -221,6 +221,44 @@ def _positions(batch: Mapping[str, Array], side: str, ids_BL: Array) -> Array:
                                                           ids_BL.shape)
 
 
+def decoder(model: Model, params: Any, source_ids_BS: Array, *, beam_size: int,
+            max_length: int) -> tuple[Any, Any, Any]:
+  """(step, state, reorder) for decoding.greedy_search / beam_search: B * beam_size rows.
+
+  The state is the self-attention cache (sized for max_length target
+  tokens), the encoder's output and the source ids.
+  """
+  N = source_ids_BS.shape[0] * beam_size
+  memory_BSD = model.apply({'params': params}, {'source_ids': source_ids_BS}, method='encode')
+  source_NS = jnp.repeat(source_ids_BS, beam_size, axis=0)
+  memory_NSD = jnp.repeat(memory_BSD, beam_size, axis=0)
+
+  def make_cache():  # only its shapes are traced
+    batch = {'source_ids': source_NS, 'target_input_ids': jnp.zeros((N, max_length), jnp.int32)}
+    return model.init(jax.random.key(0), batch, decode=True)['cache']
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
+
+  def step(token_N, state):
+    cache, memory_NSD, source_NS = state
+    logits_N1V, variables = model.apply(
+        {'params': params, 'cache': cache}, memory_NSD,
+        {'source_ids': source_NS, 'target_input_ids': token_N[:, None]},
+        decode=True, method='decode', mutable=['cache'])
+    return logits_N1V[:, 0], (variables['cache'], memory_NSD, source_NS)
+
+  return step, (cache, memory_NSD, source_NS), _reorder
+
+
+def _reorder(state: Any, rows_N: Array) -> Any:
+  """Beam rows of the decoding state; scanned decoder layers keep their cache rows on axis 1."""
+  def gather(path, x):
+    if not jnp.ndim(x):
+      return x
+    scanned = any(getattr(k, 'key', None) == 'layers' for k in path)
+    return x[:, rows_N] if scanned else x[rows_N]
+  return jax.tree_util.tree_map_with_path(gather, state)
+
+
 def train_flops_per_example(cfg: Config, data_cfg) -> float:
   """Analytic training FLOPs of one packed row pair: 3x the forward matmul FLOPs (2 per multiply-add).
 

@@ -1,0 +1,91 @@
+"""CoVe end to end on the offline task: the MT-LSTM learns to translate (BLEU rises), its
+workdir keeps both vocabularies, and extract_features.py writes [GloVe(x); CoVe(x)]."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One subprocess on one device: 600 steps of :tiny with BLEU at steps 300 and 600, then the
+# features of a few sentences with and without GloVe(x).
+_RUN = """
+import sys
+import extract_features
+import train
+from configs import cove
+workdir, data_dir, sentences = sys.argv[1:4]
+config = cove.get_config('tiny')
+config.data.data_dir = data_dir
+config.train.update(eval_every=300, checkpoint_every=600, eval_steps=4)
+config.decode.bleu_examples = 64
+train.train_and_evaluate(config, workdir)
+extract_features.extract(workdir, sentences, workdir + '/cove.h5')
+extract_features.extract(workdir, sentences, workdir + '/cove_only.npz', cove_only=True)
+"""
+
+SENTENCES = ['Return the value of the attribute.', 'An unknown zzzqqq word here .']
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory, shared_data_dir):
+  workdir = str(tmp_path_factory.mktemp('cove_tiny'))
+  sentences = os.path.join(workdir, 'sentences.txt')
+  with open(sentences, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(SENTENCES) + '\n')
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
+             JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', _RUN, workdir, shared_data_dir, sentences],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+@pytest.mark.slow
+def test_tiny_bleu_rises_well_above_the_start(trained):
+  with open(os.path.join(trained, 'metrics.jsonl'), encoding='utf-8') as f:
+    evals = [m for m in map(json.loads, f) if 'eval_bleu' in m]
+  bleu = [round(m['eval_bleu'], 2) for m in evals]
+  print(f'CoVe MT-LSTM, offline cipher task, BLEU of 64 eval sentences (beam 5) at steps 300 '
+        f'and 600: {bleu}; eval perplexity {evals[-1]["eval_perplexity"]:.2f}')
+  assert [m['step'] for m in evals] == [300, 600]
+  assert bleu[-1] > 5.0 and bleu[-1] > bleu[0] + 4.0
+  assert evals[-1]['eval_perplexity'] < evals[0]['eval_perplexity'] / 1.5
+  # Both vocabularies are kept: source words and target subwords.
+  assert os.path.isfile(os.path.join(trained, 'words.txt'))
+  assert os.path.isfile(os.path.join(trained, 'tokenizer.json'))
+
+
+@pytest.mark.slow
+def test_features_are_glove_and_cove_of_every_word(trained):
+  import h5py  # pylint: disable=g-import-not-at-top
+  import extract_features  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from input_pipeline import words as words_lib  # pylint: disable=g-import-not-at-top
+  config, model, params, tokenizer = extract_features.train.load_trained(trained, 'cove', 'test')
+  W, X = config.model.word_dim, 2 * config.model.hidden_size
+  with h5py.File(os.path.join(trained, 'cove.h5'), 'r') as f:
+    features = [f[str(i)][()] for i in range(len(SENTENCES))]
+    index = json.loads(f['sentence_to_index'][0])
+  cove_only = np.load(os.path.join(trained, 'cove_only.npz'))
+  assert index == {s: i for i, s in enumerate(SENTENCES)}
+  for i, sentence in enumerate(SENTENCES):
+    words = words_lib.word_tokens(sentence)
+    assert features[i].shape == (len(words), W + X) and features[i].dtype == np.float32
+    # The model's own computation on the sentence's ids, unbatched.
+    ids = jnp.asarray(tokenizer.encode_source_batch([sentence])[0])[None]
+    out = model.apply({'params': params}, {'source_ids': ids}, method='encode')[-1][0]
+    vectors = model.apply({'params': params}, ids, method=lambda m, i: m.word_vectors(i))[0]
+    np.testing.assert_allclose(features[i][:, W:], out, atol=1e-5)
+    np.testing.assert_allclose(features[i][:, :W], vectors, atol=1e-6)
+    np.testing.assert_array_equal(cove_only[str(i)], features[i][:, W:])
+  # 'zzzqqq' is not in the vocabulary: it reads the learned unknown-word vector.
+  np.testing.assert_allclose(features[1][2, :W], params['word_vectors']['unknown'], atol=1e-6)
+  with pytest.raises(ValueError, match='random word vectors'):
+    extract_features.extract(trained, os.path.join(trained, 'sentences.txt'),
+                             os.path.join(trained, 'x.h5'), glove=__file__)
