@@ -201,12 +201,20 @@ def decay_mask(params: Any) -> Any:
 
 
 def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
-  """Labels 'frozen' the params under the top-level names in `frozen`, the others 'trained'.
+  """Labels 'frozen' the params under the names in `frozen`, the others 'trained'.
 
-  A name the model does not have freezes nothing (the ELMo tagger without ELMo has no 'bilm').
+  A name is a path of parameter names joined by '/': 'bilm' freezes all of
+  it, 'word_vectors/table' that table alone (CoVe's GloVe, not its learned
+  unknown-word vector). A name the model does not have freezes nothing (the
+  ELMo tagger without ELMo has no 'bilm').
   """
-  def labels(params):  # a prefix of the params tree, as optax.multi_transform allows
-    return {name: 'frozen' if name in frozen else 'trained' for name in params}
+  def label(path, _):
+    name = '/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+    return 'frozen' if any(name == f or name.startswith(f + '/') for f in frozen) else 'trained'
+
+  def labels(params):  # a prefix of the params tree (boxed leaves stay whole)
+    return jax.tree_util.tree_map_with_path(
+        label, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
   return labels
 
 

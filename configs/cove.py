@@ -78,7 +78,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   opt.b1, opt.b2, opt.eps = 0.9, 0.999, 1e-8
   opt.weight_decay = 0.0
   opt.clip_norm = 5.0
-  opt.frozen = ('word_vectors',)  # GloVe stays fixed (sec. 3), and so do random vectors
+  # GloVe stays fixed (sec. 3), and so do random vectors; the unknown-word vector learns.
+  opt.frozen = ('word_vectors/table',)
 
   config.train = common.pretraining_schedule(v['batch_size'], v['num_steps'], tiny)
   config.train.eval_steps = 10 if tiny else 100

@@ -165,6 +165,18 @@ def test_gradients_reach_the_unknown_vector_and_the_encoder():
   assert np.abs(grads['encoder']['layer0_forward']['input_kernel']).sum() > 0
 
 
+def test_only_the_word_table_is_frozen():
+  import optax  # pylint: disable=g-import-not-at-top
+  model, params, _ = _setup()
+  config = cove_config.get_config('tiny')
+  tx = train.make_optimizer(config.optimizer, optax.constant_schedule(0.1))
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert not np.asarray(updates['word_vectors']['table']['embedding']).any()
+  assert np.asarray(updates['word_vectors']['unknown']).all()
+  assert np.asarray(updates['encoder']['layer1_backward']['input_kernel']).all()
+
+
 def test_config_errors_are_one_line():
   config = cove_config.get_config('tiny')
   config.data.pack = True

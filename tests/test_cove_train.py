@@ -1,5 +1,6 @@
-"""CoVe end to end on the offline task: the MT-LSTM learns to translate (BLEU rises), its
-workdir keeps both vocabularies, and extract_features.py writes [GloVe(x); CoVe(x)]."""
+"""CoVe end to end on the offline task, reading word vectors from a GloVe-format file: the
+MT-LSTM learns to translate (BLEU rises) with the file's vectors frozen, its workdir keeps both
+vocabularies, and extract_features.py writes [GloVe(x); CoVe(x)]."""
 
 import json
 import os
@@ -11,20 +12,31 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One subprocess on one device: 600 steps of :tiny with BLEU at steps 300 and 600, then the
-# features of a few sentences with and without GloVe(x).
+# One subprocess on one device: a GloVe-format file of random 50-d vectors for the 3,997 most
+# frequent source words, 600 steps of :tiny reading it, with BLEU at steps 300 and 600, then
+# the features of a few sentences: the run's GloVe(x), the file's, and CoVe(x) alone.
 _RUN = """
-import sys
+import itertools, sys
+import numpy as np
 import extract_features
 import train
 from configs import cove
+from input_pipeline import translation, words
 workdir, data_dir, sentences = sys.argv[1:4]
 config = cove.get_config('tiny')
 config.data.data_dir = data_dir
+counts = words.count_words(p[0] for p in itertools.islice(
+    translation.pairs(config.data, 'train'), 20000))
+rng = np.random.default_rng(0)
+with open(workdir + '/glove.txt', 'w', encoding='utf-8') as f:
+  for word, _ in counts.most_common(3997):
+    f.write(word + ' ' + ' '.join(f'{x:.5f}' for x in rng.normal(size=50)) + '\\n')
+config.data.glove_file = workdir + '/glove.txt'
 config.train.update(eval_every=300, checkpoint_every=600, eval_steps=4)
 config.decode.bleu_examples = 64
 train.train_and_evaluate(config, workdir)
 extract_features.extract(workdir, sentences, workdir + '/cove.h5')
+extract_features.extract(workdir, sentences, workdir + '/glove_file.h5', glove=config.data.glove_file)
 extract_features.extract(workdir, sentences, workdir + '/cove_only.npz', cove_only=True)
 """
 
@@ -66,6 +78,7 @@ def test_features_are_glove_and_cove_of_every_word(trained):
   import h5py  # pylint: disable=g-import-not-at-top
   import extract_features  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from input_pipeline import glove  # pylint: disable=g-import-not-at-top
   from input_pipeline import words as words_lib  # pylint: disable=g-import-not-at-top
   config, model, params, tokenizer = extract_features.train.load_trained(trained, 'cove', 'test')
   W, X = config.model.word_dim, 2 * config.model.hidden_size
@@ -86,6 +99,13 @@ def test_features_are_glove_and_cove_of_every_word(trained):
     np.testing.assert_array_equal(cove_only[str(i)], features[i][:, W:])
   # 'zzzqqq' is not in the vocabulary: it reads the learned unknown-word vector.
   np.testing.assert_allclose(features[1][2, :W], params['word_vectors']['unknown'], atol=1e-6)
-  with pytest.raises(ValueError, match='random word vectors'):
-    extract_features.extract(trained, os.path.join(trained, 'sentences.txt'),
-                             os.path.join(trained, 'x.h5'), glove=__file__)
+  # The file's vectors, loaded before step 1 and frozen for 600 steps.
+  vocabulary = tokenizer.source.words
+  vectors, found = glove.vectors_for(vocabulary, os.path.join(trained, 'glove.txt'))
+  assert found[3:].all() and len(vocabulary) == 4000
+  np.testing.assert_array_equal(params['word_vectors']['table']['embedding'][3:],
+                                vectors[3:])
+  # --glove gives each word the file's vector: the same features as the run's table.
+  with h5py.File(os.path.join(trained, 'glove_file.h5'), 'r') as f:
+    for i in range(len(SENTENCES)):
+      np.testing.assert_allclose(f[str(i)][()], features[i], atol=1e-6)
