@@ -51,7 +51,9 @@ def peak_memory_bytes() -> int:
 def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
   """Host-side pipeline speed on the configured source over whole chunks (reading,
   tokenizing, packing or pairing and masking), without prefetching; at most `max_seconds`."""
-  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+  # A fine-tuning run reads the vocabulary of the run it starts from (the BCN has no other).
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
+                                           saved_dir=config.get('init_from') or None)
   data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tokenizer,
                                     batch_size=config.train.batch_size, seed=0, prefetch=0)
   examples, start = 0, time.perf_counter()

@@ -2,7 +2,7 @@
 
 A pipeline is a module of this package named by config.data.pipeline
 (bert_pretraining, packed_lm, gpt_finetune, bilm, tagging, cvt,
-translation). It exports
+translation, word_classification). It exports
 `get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
 process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
 synthetic batch of the same feature spec.
@@ -31,7 +31,7 @@ Batch = dict[str, np.ndarray]
 
 # The modules of this package that are pipelines (the others are shared parts).
 PIPELINES = ('bert_pretraining', 'packed_lm', 'gpt_finetune', 'bilm', 'tagging', 'cvt',
-             'translation')
+             'translation', 'word_classification')
 
 
 def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
@@ -42,7 +42,7 @@ def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
 
 
 # Pipelines whose eval iterator knows the length of one pass (train.eval_steps=0).
-_EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt')
+_EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt', 'word_classification')
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

@@ -300,11 +300,11 @@ def batch_arrays(examples: Examples, indices: np.ndarray, example_weights: np.nd
 # Loading.
 
 
-def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) -> Examples:
-  """All examples of the task's split, tokenized and transformed (sec. 3.3)."""
+def task_texts(data_cfg: ml_collections.ConfigDict, task: Task,
+               split: str) -> tuple[list[tuple[str, ...]], list]:
+  """(texts, label) of every example of data.task's split, offline or from TFDS."""
   if split not in ('train', 'eval'):
     raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
-  task = validate(data_cfg)
   if task.source == 'offline':
     texts, labels = offline_tasks.offline_examples(data_cfg.task, data_cfg, split)
   else:
@@ -312,6 +312,13 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) ->
   if not labels:
     raise ValueError(f'Task {data_cfg.task!r} has no {split!r} examples: check the dataset, '
                      'or lower data.eval_holdout for an offline task.')
+  return texts, labels
+
+
+def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) -> Examples:
+  """All examples of the task's split, tokenized and transformed (sec. 3.3)."""
+  task = validate(data_cfg)
+  texts, labels = task_texts(data_cfg, task, split)
   specials = Specials.of(tokenizer)
   width = len(texts[0])
   # One call: the tokenizer batches in Rust.

@@ -1,12 +1,14 @@
 """CoVe end to end on the offline task, reading word vectors from a GloVe-format file: the
 MT-LSTM learns to translate (BLEU rises) with the file's vectors frozen, its workdir keeps both
-vocabularies, and extract_features.py writes [GloVe(x); CoVe(x)]."""
+vocabularies, extract_features.py writes [GloVe(x); CoVe(x)], and the biattentive classifier
+trained on them from the run beats the majority class with GloVe and CoVe unchanged."""
 
 import json
 import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -14,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One subprocess on one device: a GloVe-format file of random 50-d vectors for the 3,997 most
 # frequent source words, 600 steps of :tiny reading it, with BLEU at steps 300 and 600, then
-# the features of a few sentences: the run's GloVe(x), the file's, and CoVe(x) alone.
+# the features of a few sentences: the run's GloVe(x), the file's, and CoVe(x) alone; then 120
+# steps of the BCN on the offline word-order task from the run.
 _RUN = """
 import itertools, sys
 import numpy as np
@@ -38,6 +41,12 @@ train.train_and_evaluate(config, workdir)
 extract_features.extract(workdir, sentences, workdir + '/cove.h5')
 extract_features.extract(workdir, sentences, workdir + '/glove_file.h5', glove=config.data.glove_file)
 extract_features.extract(workdir, sentences, workdir + '/cove_only.npz', cove_only=True)
+from configs import cove_classifier
+bcn = cove_classifier.get_config('offline_shuffled,tiny')
+bcn.init_from = workdir
+bcn.data.data_dir = data_dir
+bcn.train.update(num_steps=120, eval_every=120, checkpoint_every=120)
+train.train_and_evaluate(bcn, workdir + '/bcn')
 """
 
 SENTENCES = ['Return the value of the attribute.', 'An unknown zzzqqq word here .']
@@ -77,7 +86,6 @@ def test_tiny_bleu_rises_well_above_the_start(trained):
 def test_features_are_glove_and_cove_of_every_word(trained):
   import h5py  # pylint: disable=g-import-not-at-top
   import extract_features  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from input_pipeline import glove  # pylint: disable=g-import-not-at-top
   from input_pipeline import words as words_lib  # pylint: disable=g-import-not-at-top
   config, model, params, tokenizer = extract_features.train.load_trained(trained, 'cove', 'test')
@@ -91,7 +99,7 @@ def test_features_are_glove_and_cove_of_every_word(trained):
     words = words_lib.word_tokens(sentence)
     assert features[i].shape == (len(words), W + X) and features[i].dtype == np.float32
     # The model's own computation on the sentence's ids, unbatched.
-    ids = jnp.asarray(tokenizer.encode_source_batch([sentence])[0])[None]
+    ids = jax.numpy.asarray(tokenizer.encode_source_batch([sentence])[0])[None]
     out = model.apply({'params': params}, {'source_ids': ids}, method='encode')[-1][0]
     vectors = model.apply({'params': params}, ids, method=lambda m, i: m.word_vectors(i))[0]
     np.testing.assert_allclose(features[i][:, W:], out, atol=1e-5)
@@ -109,3 +117,18 @@ def test_features_are_glove_and_cove_of_every_word(trained):
   with h5py.File(os.path.join(trained, 'glove_file.h5'), 'r') as f:
     for i in range(len(SENTENCES)):
       np.testing.assert_allclose(f[str(i)][()], features[i], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_classifier_on_glove_and_cove_beats_the_majority_class(trained):
+  import train  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(trained, 'bcn', 'metrics.jsonl'), encoding='utf-8') as f:
+    final = [m for m in map(json.loads, f) if 'eval_accuracy' in m][-1]
+  print(f'BCN on [GloVe; CoVe], offline_shuffled, 120 steps: eval accuracy '
+        f'{final["eval_accuracy"]:.3f} (balanced labels: majority 0.5)')
+  assert final['step'] == 120 and final['eval_accuracy'] > 0.7
+  _, _, bcn, _ = train.load_trained(os.path.join(trained, 'bcn'), 'bcn', 'test')
+  _, _, cove, _ = train.load_trained(trained, 'cove', 'test')
+  for part in ('word_vectors', 'encoder'):  # frozen, as the paper keeps GloVe and the MT-LSTM
+    for a, b in zip(jax.tree.leaves(bcn[part]), jax.tree.leaves(cove[part])):
+      np.testing.assert_array_equal(a, b)
