@@ -114,11 +114,11 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
     if not config.data.get('glove_file'):
       raise ValueError('This CoVe run was trained on random word vectors, not GloVe: drop '
                        '--glove (its own vectors are used).')
+    if glove_lib.width(glove_file) != table.shape[1]:
+      raise ValueError(f'--glove has {glove_lib.width(glove_file)}-d vectors but the run read '
+                       f'{table.shape[1]}-d ones: pass the GloVe file it was trained with.')
     distinct = sorted({w for words in sentence_words for w in words})
     vectors, found = glove_lib.vectors_for(distinct, glove_file, lower_case=lower)
-    if vectors.shape[1] != table.shape[1]:
-      raise ValueError(f'--glove has {vectors.shape[1]}-d vectors but the run read '
-                       f'{table.shape[1]}-d ones: pass the GloVe file it was trained with.')
     row = {w: i for i, w in enumerate(distinct)}
     lookup = lambda w: vectors[row[w]] if found[row[w]] else unknown  # noqa: E731
   else:

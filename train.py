@@ -248,8 +248,21 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
 # State, created already sharded.
 # ----------------------------------------------------------------------------
 
-def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules
-                 ) -> tuple[TrainState, Any]:
+def check_frozen(frozen: tuple[str, ...], params: Any) -> None:
+  """Each optimizer.frozen path names parameters, so that a typo cannot freeze nothing; a
+  single top-level name may be absent (the ELMo tagger without ELMo has no 'bilm')."""
+  names = ['/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+           for path, _ in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]]
+  for name in frozen:
+    if '/' not in name and name not in {n.split('/')[0] for n in names}:
+      continue
+    if not any(n == name or n.startswith(name + '/') for n in names):
+      raise ValueError(f'optimizer.frozen names {name!r}, which is no parameter of the model: '
+                       f'use a path of parameter names such as {names[0]!r} or a prefix of it.')
+
+
+def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
+                 frozen: tuple[str, ...] = ()) -> tuple[TrainState, Any]:
   """Initializes params and optimizer state directly on their shards."""
   def init(rng):
     params = model.init({'params': rng}, example_batch, deterministic=True)['params']
@@ -258,6 +271,7 @@ def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules
   rng = jax.random.key(seed)
   with nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init, rng)
+  check_frozen(frozen, abstract.params)  # before anything is compiled
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
@@ -414,7 +428,8 @@ def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Call
   tx = make_optimizer(config.optimizer, schedule)
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
   state, state_shardings = create_state(model, tx, example, config.seed, mesh,
-                                        config.logical_axis_rules)
+                                        config.logical_axis_rules,
+                                        tuple(config.optimizer.get('frozen', ())))
   return (objective, schedule, state,
           make_train_step(model, loss_fn, tx, config, mesh, state_shardings),
           make_eval_step(model, loss_fn, config, mesh, state_shardings))

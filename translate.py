@@ -59,8 +59,7 @@ def translate(model, params, tokenizer, sentences: list[str], *, beam_size: int 
   """The translation of each sentence, in order (batched by length, then restored)."""
   if beam_size < 1:
     raise ValueError(f'beam_size={beam_size}: use 1 (greedy) or more.')
-  encoded = [ids or [tokenizer.eot_id]  # an empty line: one token, so the encoder has a length
-             for ids in translation.encode_sources(tokenizer, list(sentences))]
+  encoded = translation.encode_sources(tokenizer, list(sentences))
   limit = (model.config.max_position_embeddings
            if getattr(model.config, 'positions', None) == 'learned' else None)
   order = np.argsort([len(ids) for ids in encoded], kind='stable')

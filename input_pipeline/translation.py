@@ -177,7 +177,9 @@ class SourceWords:
             tokenizer_lib.ByteLevelBPETokenizer.FILE_NAME: self.target.vocab_file}
 
   def encode_source_batch(self, texts: list[str]) -> list[list[int]]:
-    return self.source.encode_batch([t.lower() if self.lower_case else t for t in texts])
+    """Word ids of each text; a text without words reads as one <UNK>."""
+    encoded = self.source.encode_batch([t.lower() if self.lower_case else t for t in texts])
+    return [ids or [self.source.unk_id] for ids in encoded]
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     return self.target.encode_batch(texts)
@@ -260,10 +262,10 @@ TARGET_FEATURES = ('target_input_ids', 'target_ids', 'target_segment_ids', 'targ
 def encode_pairs(batch: list[Pair], tokenizer, length: int
                  ) -> tuple[list[list[int]], list[list[int]], int]:
   """Source ids (encode_sources) and target ids ending with EOS; pairs with a side over
-  `length`, or an empty one, are left out."""
+  `length` are left out."""
   source = encode_sources(tokenizer, [p[0] for p in batch])
   target = [ids + [tokenizer.eot_id] for ids in tokenizer.encode_batch([p[1] for p in batch])]
-  kept = [(s, t) for s, t in zip(source, target) if 0 < len(s) <= length and len(t) <= length]
+  kept = [(s, t) for s, t in zip(source, target) if len(s) <= length and len(t) <= length]
   return [s for s, _ in kept], [t for _, t in kept], len(batch) - len(kept)
 
 

@@ -136,6 +136,7 @@ class WordVocab:
     return self.ids(word_tokens(text)).tolist()
 
   def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+    """Word ids of each text (encode)."""
     return [self.encode(text) for text in texts]
 
   char_ids = staticmethod(char_ids)

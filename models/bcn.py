@@ -34,8 +34,11 @@ pooled features, K maxout units, Q maxout pool size, N labels.
 """
 
 import dataclasses
+import json
+import os
 from typing import Any, Mapping
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -109,6 +112,13 @@ def check_config(config) -> None:
     raise ValueError(f'The BCN reads {uses} and the word vocabulary of a trained CoVe run: set '
                      '--config.init_from to the workdir of a configs/cove.py run of the same '
                      'size.')
+  saved = os.path.join(config.init_from, 'config.json')
+  if os.path.isfile(saved):
+    with open(saved, encoding='utf-8') as f:
+      glove_file = json.load(f).get('data', {}).get('glove_file', '')
+    if not glove_file:  # fine for the tiny offline runs, not for the paper's comparison
+      logging.warning('The CoVe run in config.init_from was trained on random word vectors, '
+                      'not GloVe: "GloVe(w)" here is those vectors.')
 
 
 def cove_config(cfg: Config) -> cove.Config:

@@ -23,7 +23,8 @@ the LSTM states and h~ as the state.
 
 Shape letters: B batch, S source words, L target tokens, W word vector
 width, E target embedding width, X encoder state width (2 x cells), D
-decoder cells, G gates (i, f, g, o), V target vocabulary, N decoding rows.
+decoder cells, G gates (i, f, g, o), V target vocabulary, N decoding rows,
+I an LSTM layer's input width, P its recurrent input (D), Y = X + D.
 """
 
 import dataclasses
@@ -107,7 +108,9 @@ class WordVectors(nn.Module):
                          nn.initializers.normal(1.0), jnp.float32, name='table')
     unknown_W = self.param('unknown', nn.with_logical_partitioning(
         nn.initializers.zeros_init(), ('embed',)), (cfg.word_dim,), jnp.float32)
-    return jnp.where((ids_BS == UNKNOWN_WORD_ID)[..., None], unknown_W, table(ids_BS))
+    # No gradient into the frozen table (optimizer.frozen also keeps weight decay off it).
+    vectors_BSW = jax.lax.stop_gradient(table(ids_BS))
+    return jnp.where((ids_BS == UNKNOWN_WORD_ID)[..., None], unknown_W, vectors_BSW)
 
 
 class Encoder(nn.Module):
@@ -217,6 +220,7 @@ class Model(nn.Module):
     return self.encoder(vectors_BSW, lengths_B, deterministic)
 
   def initial_state(self, batch_size: int):
+    """The decoder's state before the first token: zero LSTM states and h~_0 = 0."""
     D = self.config.decoder_size
     zeros = jnp.zeros((batch_size, D), jnp.float32)
     return tuple((zeros, zeros) for _ in range(self.config.num_decoder_layers)), zeros
@@ -257,6 +261,7 @@ def source_mask(batch: Mapping[str, Array]) -> Array:
 
 
 def source_lengths(batch: Mapping[str, Array]) -> Array:
+  """Words per row (B,)."""
   return source_mask(batch).sum(axis=1)
 
 

@@ -140,11 +140,28 @@ def test_beam_of_one_is_greedy_and_greedy_is_each_steps_argmax():
     tokens[:, t + 1] = np.argmax(logits['logits'][:, t], -1)
   done = np.cumsum(np.asarray(greedy) == EOS, axis=1) - (np.asarray(greedy) == EOS) > 0
   np.testing.assert_array_equal(np.where(done, 0, greedy), np.where(done, 0, tokens[:, 1:]))
-  # Beam search over the LSTM state runs and scores at least as well as greedy.
+  # Beam search reorders the LSTM states with its beams: the score it returns is the
+  # teacher-forced log-probability of the tokens it returns, at least greedy's.
   step4, state4, _ = cove.decoder(model, params, source, beam_size=4, max_length=8)
-  beam4 = translate.translate_ids(model, params, source, beam_size=4, alpha=0.0, max_length=8,
-                                  bos_id=BOS, eos_id=EOS)
-  assert beam4.shape == (3, 8) and state4[1].shape[0] == 12 and callable(step4)
+  beam4, scores = decoding.beam_search(step4, state4, 3, beam_size=4, bos_id=BOS, eos_id=EOS,
+                                       max_length=8, alpha=0.0)
+  np.testing.assert_allclose(scores, _log_prob(model, params, source, beam4), atol=1e-4)
+  assert np.all(_log_prob(model, params, source, beam4) >=
+                _log_prob(model, params, source, greedy) - 1e-4)
+  np.testing.assert_array_equal(
+      translate.translate_ids(model, params, source, beam_size=4, alpha=0.0, max_length=8,
+                              bos_id=BOS, eos_id=EOS), beam4)
+
+
+def _log_prob(model, params, source, tokens_BT):
+  """Sum of log p(token) up to and including each row's first EOS, by teacher forcing."""
+  tokens_BT = np.asarray(tokens_BT)
+  inputs = np.concatenate([np.full((len(tokens_BT), 1), BOS), tokens_BT[:, :-1]], axis=1)
+  logits = model.apply({'params': params}, {'source_ids': source,
+                                            'target_input_ids': jnp.asarray(inputs)})['logits']
+  logp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), tokens_BT[..., None], -1)
+  ended_before = np.cumsum(tokens_BT == EOS, axis=1) - (tokens_BT == EOS) > 0
+  return np.where(ended_before, 0.0, logp[..., 0]).sum(axis=1)
 
 
 def test_unknown_words_share_one_learned_vector():
@@ -175,6 +192,15 @@ def test_only_the_word_table_is_frozen():
   assert not np.asarray(updates['word_vectors']['table']['embedding']).any()
   assert np.asarray(updates['word_vectors']['unknown']).all()
   assert np.asarray(updates['encoder']['layer1_backward']['input_kernel']).all()
+
+
+def test_a_frozen_name_that_matches_nothing_is_refused():
+  model, params, _ = _setup()
+  train.check_frozen(('word_vectors/table', 'bilm'), params)  # no 'bilm' part: nothing to freeze
+  with pytest.raises(ValueError, match="'word_vector/table', which is no parameter"):
+    train.check_frozen(('word_vectors', 'word_vector/table'), params)
+  with pytest.raises(ValueError, match="'encoder/layer9'"):
+    train.check_frozen(('encoder/layer9',), params)
 
 
 def test_config_errors_are_one_line():

@@ -120,7 +120,7 @@ def test_init_from_with_another_size_is_one_clear_line(pretrained, data_dir, tmp
   config.init_from = pretrained
   config.data.data_dir = data_dir
   with pytest.raises(ValueError, match=r'config.model.vocab_size=16384 but the run in '
-                     r'config.init_from has 4096: pick the size'):
+                     r'config.init_from has model.vocab_size=4096: pick the size'):
     train.check_init_from(config, str(tmp_path))
   with pytest.raises(ValueError, match='the workdir itself'):
     train.check_init_from(config, pretrained)

@@ -16,6 +16,7 @@ import pytest
 import input_pipeline
 import sharding
 import train
+from configs import cove as cove_configs
 from configs import cvt as cvt_configs
 from configs import gpt_finetune as finetune_configs
 
@@ -143,13 +144,28 @@ def cvt_micro_config(data_dir, **train_overrides):
   return config
 
 
+def cove_micro_config(data_dir, **train_overrides):
+  """CoVe on the offline translation task: word sources, BPE targets, two vocabularies, BLEU."""
+  config = cove_configs.get_config('tiny')
+  config.data.update(data_dir=data_dir, max_seq_length=16, source_vocab_size=500)
+  config.model.update(vocab_size=300, word_dim=8, hidden_size=8, target_embed_dim=8)
+  config.train.update(batch_size=8, num_steps=6, log_every=2, eval_every=1000, eval_steps=1,
+                      checkpoint_every=3)
+  config.train.update(**train_overrides)
+  config.decode.update(bleu_examples=4, batch_size=4, max_extra_length=4)
+  return config
+
+
 # GPT pretraining's sharded step is checked in tests/test_gpt_model.py and its
 # data resume in tests/test_packed_lm.py; fine-tuning runs the same model.
-# CVT (labeled and unlabeled batches, two iterators in the data state) resumes exactly too;
-# its sharded step is left out of the parity test, whose 8-device LSTM compile took 140 s here.
+# CVT (labeled and unlabeled batches, two iterators in the data state) and CoVe (a source
+# and a target vocabulary read back from the workdir) resume exactly too,
+# on the 8-device data mesh; their steps are left out of the 1-vs-8 device parity test, whose
+# 8-device LSTM compile took 140 s here.
 MICRO_CONFIGS = [micro_config, finetune_micro_config]
 MICRO_IDS = ['bert', 'gpt_finetune']
-RESUME_CONFIGS, RESUME_IDS = MICRO_CONFIGS + [cvt_micro_config], MICRO_IDS + ['cvt']
+RESUME_CONFIGS = MICRO_CONFIGS + [cvt_micro_config, cove_micro_config]
+RESUME_IDS = MICRO_IDS + ['cvt', 'cove']
 
 
 @pytest.mark.parametrize('make_config', MICRO_CONFIGS, ids=MICRO_IDS)
