@@ -114,17 +114,21 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
     if not config.data.get('glove_file'):
       raise ValueError('This CoVe run was trained on random word vectors, not GloVe: drop '
                        '--glove (its own vectors are used).')
-    if glove_lib.width(glove_file) != table.shape[1]:
-      raise ValueError(f'--glove has {glove_lib.width(glove_file)}-d vectors but the run read '
-                       f'{table.shape[1]}-d ones: pass the GloVe file it was trained with.')
+    width = glove_lib.width(glove_file)
+    if width != table.shape[1]:
+      raise ValueError(f'--glove has {width}-d vectors but the run read {table.shape[1]}-d '
+                       'ones: pass the GloVe file it was trained with.')
     distinct = sorted({w for words in sentence_words for w in words})
     vectors, found = glove_lib.vectors_for(distinct, glove_file, lower_case=lower)
     row = {w: i for i, w in enumerate(distinct)}
-    lookup = lambda w: vectors[row[w]] if found[row[w]] else unknown  # noqa: E731
+
+    def word_vectors(words):  # the file's vector, or the learned one where it has none
+      rows = np.array([row[w] for w in words])
+      return np.where(found[rows][:, None], vectors[rows], unknown)
   else:
-    def lookup(w):
-      i = int(tokenizer.source.ids([w])[0])
-      return unknown if i == cove.UNKNOWN_WORD_ID else table[i]
+    def word_vectors(words):  # the run's table, as in training
+      ids = tokenizer.source.ids(words)
+      return np.where((ids == cove.UNKNOWN_WORD_ID)[:, None], unknown, table[ids])
 
   @jax.jit
   def encode(vectors_BSW, lengths_B):
@@ -139,7 +143,7 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
     lengths_B = np.zeros(batch_size, np.int32)
     for r, i in enumerate(chunk):
       words = sentence_words[i]
-      vectors_BSW[r, :len(words)] = [lookup(w) for w in words]
+      vectors_BSW[r, :len(words)] = word_vectors(words)
       lengths_B[r] = len(words)
     states_BSX = np.asarray(encode(jnp.asarray(vectors_BSW), jnp.asarray(lengths_B)), np.float32)
     for r, i in enumerate(chunk):

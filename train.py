@@ -200,6 +200,11 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decayed, params)
 
 
+def _param_name(path) -> str:
+  """'a/b/c' for the parameter at params['a']['b']['c'] (boxes' attributes left out)."""
+  return '/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
 def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
   """Labels 'frozen' the params under the names in `frozen`, the others 'trained'.
 
@@ -209,7 +214,7 @@ def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
   ELMo tagger without ELMo has no 'bilm').
   """
   def label(path, _):
-    name = '/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+    name = _param_name(path)
     return 'frozen' if any(name == f or name.startswith(f + '/') for f in frozen) else 'trained'
 
   def labels(params):  # a prefix of the params tree (boxed leaves stay whole)
@@ -251,7 +256,7 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
 def check_frozen(frozen: tuple[str, ...], params: Any) -> None:
   """Each optimizer.frozen path names parameters, so that a typo cannot freeze nothing; a
   single top-level name may be absent (the ELMo tagger without ELMo has no 'bilm')."""
-  names = ['/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+  names = [_param_name(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]]
   for name in frozen:
     if '/' not in name and name not in {n.split('/')[0] for n in names}:
