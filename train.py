@@ -472,7 +472,7 @@ def setup(config, workdir: str, mesh) -> Run:
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
-    state = state.replace(params=init_params(state.params, config.init_from))
+    state = state.replace(params=init_params(state.params, config.init_from, config.model_name))
   else:
     model_module = importlib.import_module(f'models.{config.model_name}')
     if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
@@ -512,9 +512,20 @@ def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
   return config, model, params, tokenizer
 
 
-def init_params(params, init_from: str):
-  """`params` with every array the run in `init_from` also has taken from its last checkpoint."""
-  params, new, unused = checkpoints.restore_params(init_from, params)
+def init_params(params, init_from: str, model_name: str):
+  """`params` with every array the run in `init_from` also has taken from its last checkpoint.
+
+  A task model that holds the pretrained model as a submodule names it in
+  PRETRAINED_PARAMS (BERT's feature-based tagger keeps BERT under 'bert'):
+  the run's parameters then fill that subtree.
+  """
+  prefix = getattr(importlib.import_module(f'models.{model_name}'), 'PRETRAINED_PARAMS', None)
+  if prefix:
+    subtree, new, unused = checkpoints.restore_params(init_from, params[prefix])
+    params = {**params, prefix: subtree}
+    new = [f'{prefix}/{name}' for name in new] + [name for name in params if name != prefix]
+  else:
+    params, new, unused = checkpoints.restore_params(init_from, params)
   if jax.process_index() == 0:
     print(f'Initialized from {init_from}; new parameters: {", ".join(new) or "none"}; '
           f'unused: {", ".join(unused) or "none"}.', flush=True)

@@ -111,6 +111,15 @@ class _LibraryTokenizer:
     encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     return [e.ids for e in encodings]
 
+  def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Token ids of each text and each token's (start, end) character span in that text.
+
+    The spans are in the original text, before lower-casing and accent
+    stripping (SQuAD maps predicted tokens back to the context this way).
+    """
+    encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+    return [(e.ids, [tuple(o) for o in e.offsets]) for e in encodings]
+
 
 class WordPieceTokenizer(_LibraryTokenizer):
   """Basic tokenization + greedy longest-match-first WordPiece (BERT sec. 3)."""

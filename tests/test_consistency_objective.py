@@ -103,7 +103,7 @@ def test_consistency_loss_by_hand():
 
 @pytest.mark.parametrize('task', ['conll2003', 'conll2003_chunk'])
 def test_span_scores_equal_seqeval_on_random_tag_sequences(task):
-  # seqeval (a maintained port of conlleval; requirements-dev.txt) in its default mode.
+  # seqeval (a maintained port of conlleval; requirements.txt) in its default mode.
   from seqeval import metrics as seqeval  # pylint: disable=g-import-not-at-top
   spec = tagging.TASKS[task]
   rng = np.random.default_rng(0)
