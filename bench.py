@@ -71,6 +71,7 @@ def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
 def benchmark(config, steps: int, warmup: int) -> dict:
   peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
+  train.inherit_unset_fields(config, None)  # a fine-tuning config's sizes from its init_from
   train.validate(config, mesh)
   model_module = importlib.import_module(f'models.{config.model_name}')
   model_cfg = train.model_config(config)

@@ -50,6 +50,16 @@ class MetricWriter:
       eta = f' | ETA {_duration((self.total_steps - step) / steps_per_sec)}'
     print(f'step {step}/{self.total_steps} | {shown}{eta}', flush=True)
 
+  def results(self, step: int, metrics: dict[str, float], workdir: str) -> None:
+    """The run's final eval metrics: one 'results' line in metrics.jsonl and a console summary."""
+    if not self.active:
+      return
+    final = {k: float(v) for k, v in metrics.items()}
+    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), 'results': final}) + '\n')
+    self._jsonl.flush()
+    shown = '\n'.join(f'  {k:<24} {_format(v)}' for k, v in final.items())
+    print(f'Results of {workdir} at step {step} (eval split):\n{shown}', flush=True)
+
   def close(self) -> None:
     if self.active:
       self._jsonl.close()

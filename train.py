@@ -122,6 +122,29 @@ def _as_json(value: Any) -> Any:
   return json.loads(json.dumps(value))
 
 
+def inherit_unset_fields(config, workdir: str | None) -> None:
+  """Fills the model fields and data.lower_case left None (a fine-tuning config without a size)
+  from the run the workdir resumes, or else from config.init_from, so that a converted or
+  pretrained checkpoint needs no flag for its sizes or casing."""
+  unset = [('model', k) for k, v in config.model.items() if v is None]
+  unset += [('data', 'lower_case')] if 'lower_case' in config.data and (
+      config.data.lower_case is None) else []
+  if not unset:
+    return
+  source = workdir if workdir and checkpoints.exist(workdir) else config.get('init_from')
+  path = os.path.join(source or '', 'config.json')
+  if not source or not os.path.isfile(path):
+    part, field = unset[0]
+    raise ValueError(f'config.{part}.{field} is unset and taken from the pretrained run: set '
+                     '--config.init_from to its workdir (or pick a size: <task>,<size>).')
+  with open(path, encoding='utf-8') as f:
+    saved = json.load(f)
+  for part, field in unset:
+    if saved.get(part, {}).get(field) is None:
+      raise ValueError(f'{path} has no {part}.{field}: set --config.{part}.{field}.')
+    config[part][field] = saved[part][field]
+
+
 def check_init_from(config, workdir: str) -> None:
   """config.init_from names a finished run whose model this config can start from."""
   if os.path.abspath(config.init_from) == os.path.abspath(workdir):
@@ -336,12 +359,15 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
                  donate_argnums=(0,))
 
 
-def make_eval_step(model, loss_fn, config, mesh, state_shardings) -> Callable:
+def make_eval_step(model, loss_fn, config, mesh, state_shardings, predict=None) -> Callable:
+  """(params, global batch) -> (metric pairs, predictions); with `predict` (the objective's, for
+  SCORED pipelines) the predictions of every row of the global batch, on every host."""
   rules = config.logical_axis_rules
 
   def eval_step(params, batch):
     with nn.logical_axis_rules(rules):
-      return loss_fn(model.apply({'params': params}, batch, deterministic=True), batch)[1]
+      outputs = model.apply({'params': params}, batch, deterministic=True)
+      return loss_fn(outputs, batch)[1], predict(outputs, batch) if predict else {}
 
   return jax.jit(eval_step, in_shardings=(state_shardings.params, sharding.batch_sharding(mesh)),
                  out_shardings=sharding.replicated(mesh))
@@ -364,10 +390,21 @@ def evaluate(eval_step, params, config, tokenizer, mesh, summarize) -> dict[str,
   if not steps:
     raise ValueError(f'data.pipeline={config.data.pipeline!r} has no fixed eval pass: set '
                      'train.eval_steps to the number of eval batches.')
-  totals = {}
+  totals, predicted = {}, []
   for _ in range(steps):
-    totals = accumulate(totals, eval_step(params, sharding.global_batch(next(batches), mesh)))
-  return summarize(totals)
+    metrics, predictions = eval_step(params, sharding.global_batch(next(batches), mesh))
+    totals = accumulate(totals, metrics)
+    if predictions:
+      predicted.append(jax.device_get(predictions))
+  summary = summarize(totals)
+  if predicted:
+    # Every host holds every row's predictions (replicated) and scores the whole pass;
+    # padding rows (example_index -1) are left out. The libraries' figures replace the
+    # step's in-graph ones of the same name.
+    joined = {k: np.concatenate([p[k] for p in predicted]) for k in predicted[0]}
+    real = joined['example_index'] >= 0
+    summary.update(batches.score({k: v[real] for k, v in joined.items()}))
+  return summary
 
 
 # ----------------------------------------------------------------------------
@@ -435,15 +472,18 @@ def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Call
   state, state_shardings = create_state(model, tx, example, config.seed, mesh,
                                         config.logical_axis_rules,
                                         tuple(config.optimizer.get('frozen', ())))
+  predict = (objective.predict if config.data.pipeline in input_pipeline.SCORED
+             and hasattr(objective, 'predict') else None)
   return (objective, schedule, state,
           make_train_step(model, loss_fn, tx, config, mesh, state_shardings),
-          make_eval_step(model, loss_fn, config, mesh, state_shardings))
+          make_eval_step(model, loss_fn, config, mesh, state_shardings, predict))
 
 
 def setup(config, workdir: str, mesh) -> Run:
   """Checks, data, model and state (restored if the workdir has a checkpoint)."""
   # Checks, before any data is read or anything compiled. A resumed run needs
   # nothing from init_from any more (it may have been moved).
+  inherit_unset_fields(config, workdir)
   validate(config, mesh)
   if config.get('init_from') and not checkpoints.exist(workdir):
     check_init_from(config, workdir)
@@ -611,6 +651,8 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
           import translate  # pylint: disable=g-import-not-at-top (it imports train)
           metrics.update(translate.evaluate_bleu(run.config, state.params, run.tokenizer))
         writer.write(step, metrics, prefix='eval_')
+        if step == tc.num_steps:
+          writer.results(step, {f'eval_{k}': v for k, v in metrics.items()}, run.workdir)
       progress.paused += time.time() - pause
     if step < end:  # stopped by SIGTERM
       if pending is not None:

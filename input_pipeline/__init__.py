@@ -2,7 +2,7 @@
 
 A pipeline is a module of this package named by config.data.pipeline
 (bert_pretraining, packed_lm, gpt_finetune, bilm, tagging, cvt,
-translation, word_classification). It exports
+translation, word_classification, bert_finetune, squad). It exports
 `get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
 process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
 synthetic batch of the same feature spec.
@@ -31,7 +31,7 @@ Batch = dict[str, np.ndarray]
 
 # The modules of this package that are pipelines (the others are shared parts).
 PIPELINES = ('bert_pretraining', 'packed_lm', 'gpt_finetune', 'bilm', 'tagging', 'cvt',
-             'translation', 'word_classification')
+             'translation', 'word_classification', 'bert_finetune', 'squad')
 
 
 def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
@@ -42,7 +42,10 @@ def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
 
 
 # Pipelines whose eval iterator knows the length of one pass (train.eval_steps=0).
-_EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt', 'word_classification')
+_EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt', 'word_classification', 'bert_finetune', 'squad')
+# Pipelines whose eval iterator has `score(predictions)`: the objective's `predict` outputs of
+# one eval pass, scored on the host (metrics from maintained libraries, SQuAD's answer text).
+SCORED = ('bert_finetune', 'squad')
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -119,6 +122,10 @@ class Prefetcher:
   def steps_per_epoch(self) -> int | None:
     """Batches in one pass of the split, for iterators that know it (fine-tuning eval sets)."""
     return getattr(self._iterator, 'steps_per_epoch', None)
+
+  def score(self, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+    """The wrapped eval iterator's metrics of one pass's predictions (SCORED pipelines)."""
+    return self._iterator.score(predictions)
 
   def get_state(self) -> dict[str, int]:
     """Position after the last batch returned by __next__ (the thread runs ahead of it)."""

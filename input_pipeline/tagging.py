@@ -24,6 +24,12 @@ Tasks (TASKS, by data.task):
                     Train and eval sentences come from the corpus's train and
                     eval documents (input_pipeline/offline_tasks.py), at most
                     data.max_train_examples and data.max_eval_examples (0 = all).
+  offline_capitalized  likewise from the embedded corpus: sentences of 5 to
+                    L - 2 words, lower-cased; tag 1 marks a word that the
+                    corpus capitalizes after a sentence's first word (names
+                    of things such as Python, None, RFC), a name-finding
+                    task that a model can learn from word identity and
+                    context alone, since the case is gone.
 
 Order and resume as for GPT fine-tuning (example_iterator.ExampleIterator):
 training reshuffles every epoch, eval runs in passes of steps_per_epoch
@@ -118,6 +124,7 @@ TASKS: dict[str, Task] = {
     'offline_pos': Task(synthetic_tagging.POS_TAGS, source='synthetic', column='pos'),
     # One-word chunks: span F1 is the F1 of finding the replaced words.
     'offline_replaced': Task(('O', 'B-REPLACED'), source='offline', min_words=5),
+    'offline_capitalized': Task(('O', 'B-CAP'), source='offline', min_words=5),
 }
 
 
@@ -256,7 +263,7 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str,
   task = validate(data_cfg)
   cap = data_cfg.max_train_examples if split == 'train' else data_cfg.max_eval_examples
   if task.source == 'offline':
-    sentences, tags = offline_replaced(data_cfg, split, cap)
+    sentences, tags = offline_sentences(data_cfg, split, cap)
   elif task.source == 'synthetic':
     if cap <= 0:
       raise ValueError(f'Synthetic task {data_cfg.task!r} has endless sentences: set '
@@ -305,22 +312,31 @@ def tfds_sentences(name: str, data_cfg: ml_collections.ConfigDict,
   return sentences, tags
 
 
-def offline_replaced(data_cfg: ml_collections.ConfigDict, split: str,
-                     max_examples: int) -> tuple[list[list[str]], list[list[int]]]:
-  """(words, tags) of the replaced-word task, a pure function of the corpus and the config."""
+def offline_sentences(data_cfg: ml_collections.ConfigDict, split: str,
+                      max_examples: int) -> tuple[list[list[str]], list[list[int]]]:
+  """(words, tags) of data.task, an offline task: a pure function of the corpus and the config."""
   documents = sources.documents(offline_tasks.corpus_config(data_cfg), split)
   sentences = [words_lib.word_tokens(s) for document in documents for s in document]
-  unigram = [word for words in sentences for word in words]
   max_words = data_cfg.max_seq_length - 2
   candidates = [list(words) for words in dict.fromkeys(map(tuple, sentences))
-                if TASKS['offline_replaced'].min_words <= len(words) <= max_words]
-  rng = np.random.default_rng([zlib.crc32(b'offline_replaced'), split == 'eval'])
+                if TASKS[data_cfg.task].min_words <= len(words) <= max_words]
+  rng = np.random.default_rng([zlib.crc32(data_cfg.task.encode()), split == 'eval'])
   order = rng.permutation(len(candidates))
   if max_examples > 0:
     order = order[:max_examples]
+  chosen = [candidates[i] for i in order]
+  if data_cfg.task == 'offline_capitalized':
+    return ([[w.lower() for w in words] for words in chosen],
+            [[int(k > 0 and w[:1].isupper()) for k, w in enumerate(words)] for words in chosen])
+  return offline_replaced(chosen, [w for words in sentences for w in words], rng)
+
+
+def offline_replaced(chosen: list[list[str]], unigram: list[str], rng: np.random.Generator
+                     ) -> tuple[list[list[str]], list[list[int]]]:
+  """(words, tags) of the replaced-word task: REPLACED_SHARE of each sentence's words redrawn."""
   sentences, tags = [], []
-  for i in order:
-    words, sentence_tags = candidates[i], [0] * len(candidates[i])
+  for words in chosen:
+    sentence_tags = [0] * len(words)
     num_replaced = max(1, round(REPLACED_SHARE * len(words)))
     for position in rng.choice(len(words), num_replaced, replace=False):
       words[position] = _other_word(words[position], unigram, rng)

@@ -3,6 +3,12 @@
 Inputs follow the BERT feature spec of input_pipeline/bert_pretraining.py:
 input_ids, segment_ids, input_mask (B, L) and, for the MLM head,
 masked_lm_positions (B, P).
+
+With num_labels, a fine-tuning head is added (sec. 4, figure 4), named as
+the output it gives:
+  classify  'logits' (B, N) from the pooled [CLS] state; N = 1 is regression
+  span      'start_logits', 'end_logits' (B, L): SQuAD's start and end vectors (sec. 4.2)
+  tag       'logits' (B, L, N) from every token's final state (sec. 5.3)
 """
 
 import dataclasses
@@ -16,6 +22,8 @@ import jax.numpy as jnp
 from models import layers
 
 Array = jax.Array
+
+HEADS = ('classify', 'span', 'tag')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +42,16 @@ class Config:
   dtype: str = 'float32'
   scan_layers: bool = False
   remat: bool = False
+  num_labels: int = 0  # 0 = no fine-tuning head; classes, 1 = regression, 2 for 'span'
+  head: str = 'classify'
 
   def __post_init__(self):
     layers.check_heads(self.hidden_size, self.num_heads)
+    if self.head not in HEADS:
+      raise ValueError(f'model.head={self.head!r} is unknown: use one of {HEADS}.')
+    if self.head == 'span' and self.num_labels not in (0, 2):
+      raise ValueError(f'model.head=span has a start and an end score, not num_labels='
+                       f'{self.num_labels}: set model.num_labels=2.')
 
 
 class Model(nn.Module):
@@ -90,7 +105,26 @@ class Model(nn.Module):
     if 'masked_lm_positions' in batch:
       outputs['mlm_logits'] = self._mlm_logits(out_BLD, batch['masked_lm_positions'],
                                                token_embed, init, dtype)
+    if cfg.num_labels:
+      outputs.update(self._task_head(out_BLD, pooled_BD, init, dtype, deterministic))
     return outputs
+
+  def _task_head(self, out_BLD, pooled_BD, init, dtype, deterministic: bool) -> dict[str, Array]:
+    """The one new output layer of fine-tuning (sec. 4): classes, a span, or a tag per token."""
+    cfg = self.config
+    D, N = cfg.hidden_size, cfg.num_labels
+    if cfg.head == 'span':  # run_squad.py: no dropout before the start/end vectors
+      logits_BLT = layers.Einsum('BLD,DT->BLT', (D, 2), ('embed', None), kernel_init=init,
+                                 dtype=dtype, name='span_head')(out_BLD).astype(jnp.float32)
+      return {'start_logits': logits_BLT[..., 0], 'end_logits': logits_BLT[..., 1]}
+    dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.head == 'tag':
+      x_BLD = dropout(out_BLD, deterministic=deterministic)
+      return {'logits': layers.Einsum('BLD,DN->BLN', (D, N), ('embed', None), kernel_init=init,
+                                      dtype=dtype, name='tagger')(x_BLD).astype(jnp.float32)}
+    x_BD = dropout(pooled_BD, deterministic=deterministic)
+    return {'logits': layers.Einsum('BD,DN->BN', (D, N), ('embed', None), kernel_init=init,
+                                    dtype=dtype, name='classifier')(x_BD).astype(jnp.float32)}
 
   def _mlm_logits(self, x_BLD, positions_BP, token_embed, init, dtype) -> Array:
     # Only the masked positions reach the vocabulary projection: the largest
@@ -114,7 +148,11 @@ def train_flops_per_example(cfg: Config, data_cfg) -> float:
   XLA's cost analysis is not used: it counts a scanned layer once.
   """
   D, F, V = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size
-  L, P = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+  L, P = data_cfg.max_seq_length, data_cfg.get('max_predictions_per_seq', 0)
   per_layer = 2 * L * (4 * D * D + 2 * D * F) + 2 * 2 * L * L * D
-  heads = 2 * P * (D * D + D * V) + 2 * (D * D + 2 * D)
+  heads = 2 * (D * D + 2 * D)  # pooler and NSP
+  if cfg.num_labels:  # fine-tuning: the task head instead of the MLM head
+    heads += 2 * D * cfg.num_labels * (1 if cfg.head == 'classify' else L)
+  else:
+    heads += 2 * P * (D * D + D * V)
   return 3.0 * (cfg.num_layers * per_layer + heads)

@@ -28,7 +28,7 @@ def data_dir(shared_data_dir):
 
 def read_metrics(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    return [json.loads(line) for line in f]
+    return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
 
 
 def run_train(config_arg: str, workdir: str, data_dir: str, *overrides: str) -> None:

@@ -27,7 +27,7 @@ def data_dir(shared_data_dir):
 
 def read_metrics(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    return [json.loads(line) for line in f]
+    return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
 
 
 # One device: 8 simulated devices on 2 cores would double the time of these steps.

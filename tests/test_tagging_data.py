@@ -90,7 +90,7 @@ def _originals(examples, documents):
 def test_offline_replaced_marks_exactly_the_replaced_words(tmp_path, embedded):
   cfg = data_config(tmp_path)
   for split in ('train', 'eval'):
-    sentences, tags = tagging.offline_replaced(cfg, split, 0)
+    sentences, tags = tagging.offline_sentences(cfg, split, 0)
     assert len(sentences) > 50
     assert all(5 <= len(words) <= 10 for words in sentences)
     assert all(sum(t) == max(1, round(0.15 * len(t))) for t in tags)
@@ -98,13 +98,13 @@ def test_offline_replaced_marks_exactly_the_replaced_words(tmp_path, embedded):
     originals = _originals(zip(sentences, tags), embedded)
     # Train and eval sentences come from their own documents.
     assert all((d % HOLDOUT == 0) == (split == 'eval') for _, d in originals)
-  capped, _ = tagging.offline_replaced(cfg, 'train', 30)
-  assert capped == tagging.offline_replaced(cfg, 'train', 30)[0] and len(capped) == 30
+  capped, _ = tagging.offline_sentences(cfg, 'train', 30)
+  assert capped == tagging.offline_sentences(cfg, 'train', 30)[0] and len(capped) == 30
 
 
 def test_replacements_follow_the_unigram_distribution(tmp_path, embedded):
   """Drawn by frequency, so that a frequent word is no sign of a replacement."""
-  sentences, tags = tagging.offline_replaced(data_config(tmp_path), 'train', 0)
+  sentences, tags = tagging.offline_sentences(data_config(tmp_path), 'train', 0)
   unigram = collections.Counter(w for d, doc in enumerate(embedded) if d % HOLDOUT
                                 for s in doc for w in s.split())
   p = {w: n / sum(unigram.values()) for w, n in unigram.items()}
@@ -125,7 +125,7 @@ def test_offline_batches_label_the_words(tmp_path, embedded, vocab):
   cfg = data_config(tmp_path, max_train_examples=40)
   it = input_pipeline.get_dataset(cfg, 'train', tokenizer=vocab, batch_size=8, seed=0,
                                   prefetch=0)
-  sentences, tags = tagging.offline_replaced(cfg, 'train', 40)
+  sentences, tags = tagging.offline_sentences(cfg, 'train', 40)
   by_words = {tuple(vocab.ids(words)): t for words, t in zip(sentences, tags)}
   for _ in range(6):  # more than an epoch of 40
     batch = next(it)
