@@ -1,20 +1,22 @@
-"""Writes the ELMo or CoVe representations of every word of a text file.
+"""Writes the ELMo, CoVe or BERT representations of every token of a text file.
 
     python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt --output=features.h5
     python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt \
         --output=features.npz --layers=average
     python extract_features.py --workdir=runs/cove --input=sentences.txt --output=cove.h5 \
         [--glove=glove.840B.300d.txt] [--cove_only]
+    python extract_features.py --workdir=runs/bert --input=sentences.txt --output=features.npz \
+        [--layers=-1,-2,-3,-4 | --combine=concat_last_four] [--max_seq_length=128]
 
 ELMo (Peters et al. 2018, sec. 3.2), from a configs/elmo.py run:
 
 One sentence per line (empty lines are skipped), split into words as the
 pretraining text was. Each sentence becomes one dataset named by its line's
 index among the non-empty lines ("0", "1", ...), as bilm-tf's
-dump_bilm_embeddings does: --layers=all gives (2L+1, n, 2D) float32 (the
-token layer duplicated, then each LSTM layer's [forward; backward]); top gives
-the top layer (n, 2D); average the equal-weight mix (n, 2D). The <S> and </S>
-the biLM reads around the sentence are left out.
+dump_bilm_embeddings does: --layers=all (the default) gives (2L+1, n, 2D)
+float32 (the token layer duplicated, then each LSTM layer's [forward;
+backward]); top gives the top layer (n, 2D); average the equal-weight mix
+(n, 2D). The <S> and </S> the biLM reads around the sentence are left out.
 
 CoVe (McCann et al. 2017, sec. 4), from a configs/cove.py run: per sentence
 [GloVe(w); CoVe(w)] of each word, (n, W + 2H) float32, or CoVe(w) alone (n,
@@ -24,10 +26,31 @@ with --glove the vector from that file (so words outside the run's
 vocabulary get theirs too); a word without one gets the run's learned
 unknown-word vector.
 
-Both write a dataset "sentence_to_index" holding a JSON object from each
-sentence's text to its index, as allennlp's elmo command writes.
+BERT (Devlin et al. 2018, sec. 5.3), from any BERT workdir (pretraining,
+converted or fine-tuning runs; a fine-tuning head is not run): per line one
+sentence, or "A ||| B" for a pair (split at the last " ||| ", as the
+reference extract_features.py), read as [CLS] A [SEP] (B [SEP]) in the run's
+WordPiece vocabulary, segment 0 up to the first [SEP] and 1 after it. A line
+over --max_seq_length tokens (default 128, or the model's
+max_position_embeddings if fewer) is truncated as the reference
+does: a sentence loses its last tokens, a pair one token at a time from the
+end of its longer side; one warning counts such lines. Layer indices run
+over the hidden states: 0 is the embedding output, i the output of layer i,
+and negative ones count from the top (-1 the last layer). --layers is a
+comma list of them (default -1,-2,-3,-4, as the reference) and gives (J, n,
+D) float32 per line, n counting [CLS] and [SEP]. --combine gives one (n, D)
+or (n, 4D) array instead, as the feature-based NER rows of table 7:
+embeddings, second_to_last, last, sum_last_four, concat_last_four (layers
+-1, -2, -3, -4 side by side, in that order) or sum_all (layers 1..L with
+equal weights, the embeddings left out; models/bert_feature_tagger.py has
+the formulas). A dataset "tokens" holds the JSON list, per line, of its
+WordPiece tokens (the rows of its array).
+
+All write a dataset "sentence_to_index" holding a JSON object from each
+line's text to its index, as allennlp's elmo command writes.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -42,11 +65,18 @@ import numpy as np
 
 import train
 from input_pipeline import glove as glove_lib
+from input_pipeline import gpt_finetune
 from input_pipeline import words as words_lib
+from models import bert
+from models import bert_feature_tagger
 from models import cove
 from models import elmo
 
-LAYERS = ('all', 'top', 'average')
+LAYERS = ('all', 'top', 'average')  # ELMo's --layers
+BERT_LAYERS = '-1,-2,-3,-4'  # the reference's default
+COMBINE = bert_feature_tagger.FEATURE_LAYERS
+PAIR_SEPARATOR = ' ||| '
+RUN_NAMES = {'elmo': 'an ELMo', 'cove': 'a CoVe', 'bert': 'a BERT'}
 
 
 def load_bilm(workdir: str) -> tuple[ml_collections.ConfigDict, elmo.Model, dict, object]:
@@ -153,12 +183,134 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
   return results
 
 
-def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
-  """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index."""
+def layer_indices(layers: str) -> list[int] | None:
+  """The integers of a comma list such as '-1,-2', or None if `layers` is not one."""
+  try:
+    return [int(part) for part in layers.split(',')]
+  except ValueError:
+    return None
+
+
+def check_flags(model_name: str, *, layers: str = '', combine: str = '',
+                max_seq_length: int | None = None, glove: str = '',
+                cove_only: bool = False) -> None:
+  """One-line ValueErrors for options a run of `model_name` (elmo, cove, bert) cannot take."""
+  run = RUN_NAMES[model_name]
+  if model_name != 'cove' and (glove or cove_only):
+    raise ValueError(f'--glove and --cove_only are for CoVe runs; this is {run} run.')
+  if model_name != 'bert' and (combine or max_seq_length is not None):
+    raise ValueError(f'--combine and --max_seq_length are for BERT runs; this is {run} run.')
+  if model_name == 'cove' and layers:
+    raise ValueError('--layers is for ELMo and BERT runs: a CoVe run writes [GloVe(w); CoVe(w)] '
+                     '(or CoVe(w) alone with --cove_only); drop --layers.')
+  if model_name == 'elmo' and layers not in ('',) + LAYERS:
+    raise ValueError(f'--layers={layers}: an ELMo run takes {", ".join(LAYERS)}.')
+  if model_name == 'bert':
+    if layers and layer_indices(layers) is None:
+      raise ValueError(f'--layers={layers}: a BERT run takes layer indices such as '
+                       f'{BERT_LAYERS} (0 = the embeddings), or --combine.')
+    if combine and layers:
+      raise ValueError('--combine and --layers both choose the layers: pass only one.')
+    if combine and combine not in COMBINE:
+      raise ValueError(f'--combine={combine}: use one of {", ".join(COMBINE)}.')
+
+
+def bert_inputs(tokenizer, lines: list[str], max_seq_length: int
+                ) -> tuple[list[list[int]], list[int], int]:
+  """[CLS] A [SEP] (B [SEP]) ids of each line, the length of [CLS] A [SEP], and how many lines
+  were truncated to max_seq_length (reference: _truncate_seq_pair)."""
+  parts = []
+  for line in lines:
+    a, separator, b = line.rpartition(PAIR_SEPARATOR)
+    parts.append([a, b] if separator else [line])
+  flat = tokenizer.encode_batch([text for texts in parts for text in texts])
+  ids, first_segment, truncated, offset = [], [], 0, 0
+  for texts in parts:
+    pieces = flat[offset:offset + len(texts)]
+    offset += len(texts)
+    # [CLS] and one [SEP] per text take the rest.
+    lengths = [len(p) for p in pieces]
+    kept = gpt_finetune.kept_lengths(lengths, max_seq_length - 1 - len(texts))
+    truncated += int(kept != lengths)
+    sequence = [tokenizer.cls_id] + pieces[0][:kept[0]] + [tokenizer.sep_id]
+    first_segment.append(len(sequence))
+    for p, k in zip(pieces[1:], kept[1:]):
+      sequence += p[:k] + [tokenizer.sep_id]
+    ids.append(sequence)
+  return ids, first_segment, truncated
+
+
+def bert_features(model: bert.Model, params, tokenizer, config, lines: list[str], *,
+                  layers: str = '', combine: str = '', max_seq_length: int | None = None,
+                  batch_size: int = 32) -> tuple[list[np.ndarray], list[list[str]]]:
+  """Per line, its hidden states (J, n, D) at the --layers indices, or their --combine (n, X);
+  and its n WordPiece tokens."""
+  if config.data.get('tokenizer', 'wordpiece') != 'wordpiece':
+    raise ValueError(f'This BERT run uses data.tokenizer={config.data.tokenizer!r}: '
+                     'extract_features.py reads WordPiece runs ([CLS] A [SEP] B [SEP]).')
+  # The encoder alone: a fine-tuning head may need more of the batch, and is not wanted.
+  cfg = dataclasses.replace(model.config, num_labels=0)
+  num_layers, positions = cfg.num_layers, cfg.max_position_embeddings
+  if max_seq_length is None:
+    max_seq_length = min(128, positions)
+  if not 3 <= max_seq_length <= positions:
+    raise ValueError(f'--max_seq_length={max_seq_length}: use 3 ([CLS] A [SEP]) up to this '
+                     f"BERT's max_position_embeddings={positions}.")
+  if combine:
+    bert_feature_tagger.check_feature_layers(combine, num_layers, '--combine')
+    indices = None
+  else:
+    indices = layer_indices(layers or BERT_LAYERS)
+    if not all(-num_layers - 1 <= i <= num_layers for i in indices):
+      given = layers or f'{BERT_LAYERS} (the default)'
+      raise ValueError(f'--layers={given}: this BERT has {num_layers} layers; use indices from '
+                       f'{-num_layers - 1} to {num_layers} (0 = the embeddings, -1 = the last '
+                       'layer).')
+  encoder = bert.Model(cfg)
+
+  @jax.jit
+  def run(params, ids_BL, segment_ids_BL, mask_BL):
+    hidden = encoder.apply({'params': params}, {
+        'input_ids': ids_BL, 'segment_ids': segment_ids_BL, 'input_mask': mask_BL},
+                           deterministic=True)['hidden_states']
+    hidden = [h.astype(jnp.float32) for h in hidden]
+    if combine:
+      return bert_feature_tagger.combine_layers(hidden, combine)
+    return jnp.stack([hidden[i] for i in indices], axis=1)  # (B, J, L, D)
+
+  ids, first_segment, truncated = bert_inputs(tokenizer, lines, max_seq_length)
+  if truncated:
+    logging.warning('%d of %d lines were longer than --max_seq_length=%d tokens and were '
+                    'truncated.', truncated, len(lines), max_seq_length)
+  order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
+  results = [None] * len(lines)
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = min(_bucket(max(len(ids[i]) for i in chunk)), max_seq_length)
+    ids_BL = np.zeros((batch_size, length), np.int32)
+    segment_ids_BL = np.zeros((batch_size, length), np.int32)
+    mask_BL = np.zeros((batch_size, length), np.int32)
+    for row, i in enumerate(chunk):
+      n = len(ids[i])
+      ids_BL[row, :n], mask_BL[row, :n] = ids[i], 1
+      segment_ids_BL[row, first_segment[i]:n] = 1
+    out = np.asarray(run(params, jnp.asarray(ids_BL), jnp.asarray(segment_ids_BL),
+                         jnp.asarray(mask_BL)), np.float32)
+    for row, i in enumerate(chunk):
+      n = len(ids[i])
+      results[i] = out[row][:n] if combine else out[row][:, :n]
+  return results, [tokenizer.convert_ids_to_tokens(i) for i in ids]
+
+
+def write(path: str, sentences: list[str], features: list[np.ndarray],
+          tokens: list[list[str]] | None = None) -> None:
+  """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index, and
+  with `tokens` a dataset 'tokens' holding them as JSON (stored as sentence_to_index is)."""
   index = json.dumps({s: i for i, s in reversed(list(enumerate(sentences)))})
+  texts = {} if tokens is None else {'tokens': json.dumps(tokens)}
   tmp = path + '.tmp'
   try:
-    _write_file(tmp, index, features)
+    _write_file(tmp, index, features, texts)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -166,24 +318,31 @@ def write(path: str, sentences: list[str], features: list[np.ndarray]) -> None:
   os.replace(tmp, path)  # a crash leaves no half-written file under the output name
 
 
-def _write_file(tmp: str, index: str, features: list[np.ndarray]) -> None:
+def _write_file(tmp: str, index: str, features: list[np.ndarray], texts: dict[str, str]) -> None:
+  texts = {'sentence_to_index': index, **texts}
   if tmp.endswith('.npz.tmp'):
     with open(tmp, 'wb') as f:
-      np.savez(f, sentence_to_index=np.array(index),
+      np.savez(f, **{k: np.array(v) for k, v in texts.items()},
                **{str(i): x for i, x in enumerate(features)})
   else:
     import h5py  # pylint: disable=g-import-not-at-top
     with h5py.File(tmp, 'w') as f:
       for i, x in enumerate(features):
         f.create_dataset(str(i), data=x)
-      f.create_dataset('sentence_to_index', data=np.array([index], dtype=h5py.string_dtype()))
+      for name, text in texts.items():
+        f.create_dataset(name, data=np.array([text], dtype=h5py.string_dtype()))
 
 
-def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
-            batch_size: int = 32, glove: str = '', cove_only: bool = False) -> int:
-  """Writes the features of every sentence of `input_path` to `output`; returns the count."""
-  if layers not in LAYERS:
-    raise ValueError(f'--layers={layers!r}: use one of {", ".join(LAYERS)}.')
+def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
+            batch_size: int = 32, glove: str = '', cove_only: bool = False, combine: str = '',
+            max_seq_length: int | None = None) -> int:
+  """Writes the features of every line of `input_path` to `output`; returns the count.
+
+  Empty `layers` (and None `max_seq_length`) mean the run's default.
+  """
+  if layers and layers not in LAYERS and layer_indices(layers) is None:
+    raise ValueError(f'--layers={layers!r}: use {", ".join(LAYERS)} (ELMo) or layer indices '
+                     f'such as {BERT_LAYERS} (BERT).')
   if not output.endswith(('.h5', '.hdf5', '.npz')):
     raise ValueError(f'--output={output!r}: name a .h5, .hdf5 or .npz file.')
   if batch_size < 1:
@@ -192,16 +351,22 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = 'all',
     raise ValueError(f'--output={output!r}: its directory does not exist; create it first.')
   sentences = read_sentences(input_path)
   config, model, params, vocab = train.load_trained(
-      workdir, ('elmo', 'cove'), 'extract_features.py (configs/elmo.py or configs/cove.py)')
+      workdir, ('elmo', 'cove', 'bert'),
+      'extract_features.py (configs/elmo.py, configs/cove.py or BERT)')
+  check_flags(config.model_name, layers=layers, combine=combine, max_seq_length=max_seq_length,
+              glove=glove, cove_only=cove_only)
+  tokens = None
   if config.model_name == 'cove':
     features = cove_features(model, params, vocab, config, sentences, glove_file=glove,
                              cove_only=cove_only, batch_size=batch_size)
-  elif glove or cove_only:
-    raise ValueError('--glove and --cove_only are for CoVe runs; this is an ELMo run.')
+  elif config.model_name == 'bert':
+    features, tokens = bert_features(model, params, vocab, config, sentences, layers=layers,
+                                     combine=combine, max_seq_length=max_seq_length,
+                                     batch_size=batch_size)
   else:
-    features = representations(model, params, vocab, config, sentences, layers=layers,
+    features = representations(model, params, vocab, config, sentences, layers=layers or 'all',
                                batch_size=batch_size)
-  write(output, sentences, features)
+  write(output, sentences, features, tokens)
   return len(sentences)
 
 
@@ -215,17 +380,22 @@ def main(argv):
     sys.exit('extract_features.py: error: pass --workdir=DIR --input=FILE --output=FILE.h5.')
   try:
     count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size,
-                    glove=f.glove, cove_only=f.cove_only)
+                    glove=f.glove, cove_only=f.cove_only, combine=f.combine,
+                    max_seq_length=f.max_seq_length)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'extract_features.py: error: {e}')
   print(f'Wrote the features of {count} sentences to {f.output}.', flush=True)
 
 
 if __name__ == '__main__':
-  flags.DEFINE_string('workdir', None, 'Workdir of an ELMo or CoVe training run.')
-  flags.DEFINE_string('input', None, 'Text file, one sentence per line.')
+  flags.DEFINE_string('workdir', None, 'Workdir of an ELMo, CoVe or BERT training run.')
+  flags.DEFINE_string('input', None, 'Text file, one sentence per line (BERT: or "A ||| B").')
   flags.DEFINE_string('output', None, 'Output file: .h5/.hdf5 (hdf5) or .npz.')
-  flags.DEFINE_enum('layers', 'all', LAYERS, 'ELMo: all (2L+1, n, 2D), top or average (n, 2D).')
+  flags.DEFINE_string('layers', '', 'ELMo: all (2L+1, n, 2D; the default), top or average '
+                      f'(n, 2D). BERT: layer indices, 0 = the embeddings (default {BERT_LAYERS}).')
+  flags.DEFINE_string('combine', '', f'BERT: one (n, X) array per line: {", ".join(COMBINE)}.')
+  flags.DEFINE_integer('max_seq_length', None, 'BERT: tokens per line, [CLS] and [SEP] included '
+                       '(default 128, at most max_position_embeddings); longer lines are truncated.')
   flags.DEFINE_string('glove', '', 'CoVe: GloVe text file for GloVe(w) (default: the run\'s).')
   flags.DEFINE_bool('cove_only', False, 'CoVe: write CoVe(w) without GloVe(w).')
   flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')
