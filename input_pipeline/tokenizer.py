@@ -18,7 +18,10 @@ assigned code point against those rules.
 
 Byte-level BPE: Radford et al. 2018, section 4.1 (a BPE vocabulary with 40,000
 merges; GPT-1 lower-cased its text) over bytes as in GPT-2, so that no text is
-unknown and decoding gives back the exact text.
+unknown and decoding gives back the exact text. The same class also reads
+GPT-1's own BPE (openai-gpt's vocab.json and merges.txt, converted by
+convert_checkpoint.py): lower-cased, '</w>' ending each word, after the basic
+tokenization above (what HF's OpenAIGPTTokenizer does without ftfy and spaCy).
 """
 
 import collections
@@ -223,6 +226,8 @@ def write_lines_atomically(lines: Iterable[str], path: str) -> str:
 
 BPE_SPECIAL_TOKENS = ('<|pad|>', '<|endoftext|>', '<|start|>', '<|delim|>', '<|extract|>')
 NUM_BYTES = 256
+# GPT-1's BPE (openai-gpt): the suffix that ends a word, and its unknown token.
+END_OF_WORD, GPT1_UNK = '</w>', '<unk>'
 
 
 def _byte_symbols() -> list[str]:
@@ -244,7 +249,7 @@ def _byte_level_tokenizer(model: models.Model, lower_case: bool) -> tokenizers.T
 
 
 def _read_bpe(path: str, lower_case: bool) -> tokenizers.Tokenizer:
-  """A tokenizer.json of learn_bpe's kind, checked, or a one-line ValueError naming the fix."""
+  """A tokenizer.json of learn_bpe's kind (or GPT-1's BPE), checked, or a one-line ValueError."""
   if not os.path.isfile(path):
     raise ValueError(f'Tokenizer file {path!r} not found: point data.vocab_file at a '
                      'tokenizer.json, or leave it empty to learn one.')
@@ -253,15 +258,16 @@ def _read_bpe(path: str, lower_case: bool) -> tokenizers.Tokenizer:
   except Exception as error:  # the library raises a bare Exception on a malformed file
     raise ValueError(f'Tokenizer file {path!r} is not a tokenizer.json ({error}): point '
                      'data.vocab_file at one, or leave it empty to learn one.') from None
-  if not (isinstance(tokenizer.model, models.BPE)
-          and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)):
+  byte_level = isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)
+  if not (isinstance(tokenizer.model, models.BPE) and (
+      byte_level or tokenizer.model.end_of_word_suffix == END_OF_WORD)):
     raise ValueError(f'Tokenizer file {path!r} is not a byte-level BPE: use one written by '
                      "learn_bpe, or set data.tokenizer='wordpiece' for a WordPiece vocab.")
   missing = [t for t in BPE_SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
   if missing:
     raise ValueError(f'Tokenizer file {path!r} lacks {" ".join(missing)}: use one written '
                      'by learn_bpe (data.vocab_file empty learns one).')
-  lower_cases = isinstance(tokenizer.normalizer, normalizers.Lowercase)
+  lower_cases = tokenizer.normalizer is not None and tokenizer.normalizer.normalize_str('A') == 'a'
   if lower_cases != lower_case:
     raise ValueError(f'Tokenizer file {path!r} was learned with lower_case={lower_cases}: set '
                      f'--config.data.lower_case={lower_cases}, or learn another one.')
@@ -275,6 +281,8 @@ def _read_bpe(path: str, lower_case: bool) -> tokenizers.Tokenizer:
 class ByteLevelBPETokenizer(_LibraryTokenizer):
   """BPE over bytes (Radford et al. 2018 sec. 4.1, bytes as in GPT-2): no text is unknown.
 
+  Also GPT-1's lower-cased BPE with '</w>' (write_gpt1_bpe), where text outside
+  its characters is <unk> and decoding gives the basic tokens joined by spaces.
   encode never gives a special token, even for text that spells one ('<|endoftext|>').
   """
 
@@ -327,6 +335,39 @@ def learn_bpe(texts: Iterable[str], vocab_size: int, lower_case: bool,
     vocab.setdefault(left + right, len(vocab))
   vocab |= {f'<|unused{i}|>': len(vocab) + i for i in range(vocab_size - len(vocab))}
   tokenizer = _byte_level_tokenizer(models.BPE(vocab, merges, fuse_unk=False), lower_case)
+  return write_lines_atomically([tokenizer.to_str()], output_file)
+
+
+def write_gpt1_bpe(vocab_file: str, merges_file: str, output_file: str) -> str:
+  """GPT-1's BPE (openai-gpt's vocab.json and merges.txt) as a tokenizer.json of this module.
+
+  Text is lower-cased and split as BERT's basic tokenizer does (HF's
+  OpenAIGPTTokenizer without ftfy and spaCy), then BPE with '</w>' ending each
+  word. BPE_SPECIAL_TOKENS get the ids after the vocabulary's, as OpenAI's
+  fine-tuning code appends its special tokens. Returns `output_file`.
+  """
+  for path in (vocab_file, merges_file):
+    if not os.path.isfile(path):
+      raise ValueError(f'{path} does not exist: add the BPE vocabulary files of the model.')
+  with open(vocab_file, encoding='utf-8') as f:
+    vocab = json.load(f)
+  with open(merges_file, encoding='utf-8') as f:
+    merges = [tuple(line.rstrip('\r\n').split(' ')) for line in f
+              if line.strip() and not line.startswith('#version')]
+  if sorted(vocab.values()) != list(range(len(vocab))):
+    raise ValueError(f'The ids of {vocab_file} are not 0..{len(vocab) - 1}: use the vocab.json '
+                     'that came with the checkpoint.')
+  taken = [t for t in BPE_SPECIAL_TOKENS if t in vocab]
+  if taken:
+    raise ValueError(f'{vocab_file} already has {" ".join(taken)}: convert the original '
+                     'openai-gpt vocabulary.')
+  vocab = vocab | {t: len(vocab) + i for i, t in enumerate(BPE_SPECIAL_TOKENS)}
+  tokenizer = tokenizers.Tokenizer(models.BPE(
+      vocab, merges, unk_token=GPT1_UNK if GPT1_UNK in vocab else None,
+      end_of_word_suffix=END_OF_WORD, fuse_unk=False))
+  tokenizer.normalizer = _normalizer(lower_case=True)
+  tokenizer.pre_tokenizer = _pre_tokenizer()
+  tokenizer.decoder = decoders.BPEDecoder(suffix=END_OF_WORD)
   return write_lines_atomically([tokenizer.to_str()], output_file)
 
 
