@@ -46,9 +46,6 @@ OFFLINE_STEPS = 300
 OFFLINE_LEARNING_RATE = 1e-3
 MAX_SEQ_LENGTH = {'squad': 384, 'offline_span': 128, 'offline_shuffled': 64, 'offline_next': 128,
                   'offline_replaced': 64, 'offline_capitalized': 64}
-MODEL_SIZE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
-                     'max_position_embeddings', 'type_vocab_size', 'initializer_range',
-                     'layer_norm_eps')
 
 
 def _task(name: str):
@@ -66,10 +63,6 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config = bert_base.get_config(size or 'base')
   config.init_from = ''  # workdir of a BERT run (pretrained or converted); empty trains from scratch
 
-  # The pretrained model's sizes: from init_from unless a size was given.
-  for field in MODEL_SIZE_FIELDS:
-    value = config.model[field]
-    config.model[field] = value if size else ml_collections.FieldReference(None, field_type=type(value))
   if task is None:
     config.objective, head, num_labels = 'span', 'span', 2
   elif bert_finetune.is_tagging(task):
@@ -87,8 +80,6 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
     del data[field]
   data.pipeline = 'squad' if task is None else 'bert_finetune'
   data.task = task_name
-  # The casing of the init_from run (None = take it from there); set it to train from scratch.
-  data.lower_case = ml_collections.FieldReference(None, field_type=bool)
   data.max_seq_length = MAX_SEQ_LENGTH.get(task_name, 128)
   data.max_examples = 20_000  # offline sequence tasks: examples made from the embedded corpus
   data.max_train_examples = 4000 if offline else 0  # offline tagging and span tasks (0 = all)
@@ -112,4 +103,6 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config.optimizer.learning_rate = learning_rate
   config.optimizer.warmup_steps = math.ceil(0.1 * num_steps)
   config.train = common.finetuning_schedule(BATCH_SIZE, num_steps)
+  if not size:  # the pretrained run's sizes and casing, filled in by train.py
+    common.take_sizes_from_init(config)
   return config

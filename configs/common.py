@@ -91,3 +91,19 @@ def translation_data(tiny: bool, tfds_name: str, max_seq_length: int) -> ml_coll
     data.tfds_eval_split = 'validation'
   data.eval_holdout = 20 if tiny else 100
   return data
+
+
+# The model fields that a fine-tuning run takes from its init_from when no size is given.
+PRETRAINED_SIZE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
+                          'max_position_embeddings', 'type_vocab_size', 'initializer_range',
+                          'layer_norm_eps')
+
+
+def take_sizes_from_init(config: ml_collections.ConfigDict) -> None:
+  """Leaves the pretrained model's sizes and data.lower_case unset (None, typed, so the command
+  line can still set them); train.py fills them from config.init_from before any check."""
+  for field in PRETRAINED_SIZE_FIELDS:
+    if field in config.model:
+      value = config.model[field]
+      config.model[field] = ml_collections.FieldReference(None, field_type=type(value))
+  config.data.lower_case = ml_collections.FieldReference(None, field_type=bool)

@@ -6,8 +6,10 @@
 
 The argument is `task[,size]`: a task of input_pipeline/gpt_finetune.py
 (GLUE and SNLI from TFDS, or an offline task made from the embedded corpus)
-and the size of the pretrained model (a variant of configs/gpt.py, base by
-default). The vocabulary comes from the init_from workdir.
+and the size of the pretrained model (a variant of configs/gpt.py). Without
+a size, the sizes and casing come from config.init_from (a GPT run, or
+openai-gpt converted by convert_checkpoint.py), with GPT-1's optimizer. The
+vocabulary comes from the init_from workdir.
 `--config.loss.lm_coef=0` turns the auxiliary LM loss off.
 """
 
@@ -36,11 +38,11 @@ OFFLINE_STEPS = 300
 
 def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   task, _, size = arg.partition(',')
-  size = size or 'base'
-  if size not in gpt.VARIANTS:
-    raise ValueError(f'Unknown size {size!r}: use one of {", ".join(gpt.VARIANTS)}.')
+  if size and size not in gpt.VARIANTS:
+    raise ValueError(f'Unknown size {size!r}: use one of {", ".join(gpt.VARIANTS)}, or none to '
+                     'take the sizes from config.init_from.')
   spec = gpt_finetune.task_spec(task)
-  v = gpt.VARIANTS[size]
+  v = gpt.VARIANTS[size or 'base']
 
   config = ml_collections.ConfigDict()
   config.model_name = 'gpt'
@@ -80,4 +82,6 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
 
   config.train = common.finetuning_schedule(BATCH_SIZE, num_steps)
   common.set_mesh_and_rules(config)
+  if not size:  # the pretrained run's sizes and casing (a converted openai-gpt's too)
+    common.take_sizes_from_init(config)
   return config

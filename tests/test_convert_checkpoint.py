@@ -21,6 +21,7 @@ import convert_checkpoint
 import input_pipeline
 import train
 from configs import bert_finetune
+from configs import gpt_finetune as gpt_finetune_configs
 from input_pipeline import tokenizer as tokenizer_lib
 from models import bert
 
@@ -334,6 +335,12 @@ def test_gpt_hidden_states_and_tokenizer_match_transformers(hf_gpt, tmp_path):
     assert tokenizer.encode(text) == hf_tokenizer(text, add_special_tokens=False)['input_ids'], text
   assert tokenizer.decode(tokenizer.encode('The Quick fox.')) == 'the quick fox .'
   assert tokenizer.encode('<|endoftext|>') != [tokenizer.eot_id]
+  # GPT fine-tuning without a size takes the converted model's sizes and casing, no flag needed.
+  finetune = gpt_finetune_configs.get_config('offline_shuffled')
+  finetune.init_from = str(tmp_path / 'run')
+  train.inherit_unset_fields(finetune, str(tmp_path / 'finetuned'))
+  train.check_init_from(finetune, str(tmp_path / 'finetuned'))
+  assert finetune.model.vocab_size == V + 5 and finetune.data.lower_case is True
 
 
 # Bad input.
