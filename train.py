@@ -390,11 +390,14 @@ def evaluate(eval_step, params, config, tokenizer, mesh, summarize) -> dict[str,
   if not steps:
     raise ValueError(f'data.pipeline={config.data.pipeline!r} has no fixed eval pass: set '
                      'train.eval_steps to the number of eval batches.')
+  # Scored on the host only over whole passes (fine-tuning's eval_steps=0): a task's metric
+  # is over all of its examples, and an unseen SQuAD question would count as wrong.
+  whole_pass = steps >= (batches.steps_per_epoch or steps + 1)
   totals, predicted = {}, []
   for _ in range(steps):
     metrics, predictions = eval_step(params, sharding.global_batch(next(batches), mesh))
     totals = accumulate(totals, metrics)
-    if predictions:
+    if predictions and whole_pass:
       predicted.append(jax.device_get(predictions))
   summary = summarize(totals)
   if predicted:

@@ -45,7 +45,7 @@ def _pipeline(data_cfg: ml_collections.ConfigDict) -> ModuleType:
 _EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt', 'word_classification', 'bert_finetune', 'squad')
 # Pipelines whose eval iterator has `score(predictions)`: the objective's `predict` outputs of
 # one eval pass, scored on the host (metrics from maintained libraries, SQuAD's answer text).
-SCORED = ('bert_finetune', 'squad')
+SCORED = ('gpt_finetune', 'bert_finetune', 'squad')
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

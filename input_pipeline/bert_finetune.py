@@ -48,6 +48,7 @@ import numpy as np
 from input_pipeline import example_iterator
 from input_pipeline import gpt_finetune
 from input_pipeline import tagging
+from input_pipeline import task_metrics
 from input_pipeline import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
@@ -230,45 +231,18 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) ->
 # Scoring, on the host after an eval pass.
 
 
-def _by_example(predictions: dict[str, np.ndarray], key: str, count: int) -> np.ndarray:
-  """predictions[key] in example order; every example must have been predicted."""
-  index = predictions['example_index']
-  out = np.zeros((count,) + predictions[key].shape[1:], predictions[key].dtype)
-  seen = np.zeros(count, bool)
-  out[index], seen[index] = predictions[key], True
-  if not seen.all():
-    raise ValueError(f'The eval pass predicted {seen.sum()} of {count} examples: run '
-                     'train.eval_steps=0 (one whole pass).')
-  return out
-
-
 def score(task, examples: Examples, predictions: dict[str, np.ndarray]) -> dict[str, float]:
-  """The task's metrics from maintained libraries (see the module docstring)."""
-  # Imported here: they take a second to import and only eval needs them.
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  from seqeval import metrics as seqeval  # pylint: disable=g-import-not-at-top
-  from sklearn import metrics  # pylint: disable=g-import-not-at-top
+  """The task's metrics from maintained libraries (input_pipeline/task_metrics.py)."""
   if is_tagging(task):
-    predicted = _by_example(predictions, 'predicted_tags', len(examples))
+    predicted = task_metrics.by_example(predictions, 'predicted_tags', len(examples))
     names = task.label_names
     gold = [[names[t] for t in tags] for tags in examples.word_tags]
     guessed = [[names[t] for t in word_labels(positions, row)]
                for positions, row in zip(examples.word_positions, predicted)]
-    return {'span_f1': seqeval.f1_score(gold, guessed, zero_division=0),
-            'span_precision': seqeval.precision_score(gold, guessed, zero_division=0),
-            'span_recall': seqeval.recall_score(gold, guessed, zero_division=0),
-            'word_accuracy': seqeval.accuracy_score(gold, guessed)}
-  predicted = _by_example(predictions, 'prediction', len(examples))
-  labels = examples.labels
-  if task.regression:
-    return {'pearson': float(stats.pearsonr(predicted, labels).statistic),
-            'spearman': float(stats.spearmanr(predicted, labels).statistic)}
-  predicted = predicted.astype(np.int64)
-  scores = {'accuracy': metrics.accuracy_score(labels, predicted)}
-  if task.num_labels == 2:
-    scores['f1'] = metrics.f1_score(labels, predicted, zero_division=0.0)
-    scores['matthews_corr'] = metrics.matthews_corrcoef(labels, predicted)
-  return {k: float(v) for k, v in scores.items()}
+    return task_metrics.spans(gold, guessed)
+  predicted = task_metrics.by_example(predictions, 'prediction', len(examples))
+  return task_metrics.classification(examples.labels, predicted, regression=task.regression,
+                                     binary=task.num_labels == 2)
 
 
 # Iteration.

@@ -24,6 +24,7 @@ per example, L = data.max_seq_length):
   extract_positions  int32   (B, C)     index of each sequence's extract token
   labels             int32   (B,)       class or correct choice; float32 for regression
   example_weights    float32 (B,)       1, or 0 for the padding of the last eval batch
+  example_index      int32   (B,)       the example's index in its split; -1 on padding rows
 
 Tasks (TASKS): GLUE and SNLI from TFDS (downloaded when named), PIQA and
 HellaSwag for multiple choice, and four offline tasks made from the embedded
@@ -51,6 +52,7 @@ import numpy as np
 from input_pipeline import example_iterator
 from input_pipeline import offline_tasks
 from input_pipeline import sources
+from input_pipeline import task_metrics
 
 KINDS = ('classification', 'entailment', 'similarity', 'multiple_choice')
 # example_batch's ids, the byte-level BPE layout; words from 5 on.
@@ -294,6 +296,7 @@ def batch_arrays(examples: Examples, indices: np.ndarray, example_weights: np.nd
       'extract_positions': (lengths - 1).astype(np.int32),
       'labels': examples.labels[indices],
       'example_weights': example_weights.astype(np.float32),
+      'example_index': np.where(example_weights > 0, indices, -1).astype(np.int32),
   }
 
 
@@ -382,17 +385,26 @@ def tfds_examples(name: str, data_cfg: ml_collections.ConfigDict,
 # Iteration.
 
 class FinetuneIterator(example_iterator.ExampleIterator):
-  """Host-local batches of one task's split, exactly resumable (sec. 3.3)."""
+  """Host-local batches of one task's split, exactly resumable (sec. 3.3); `score` rates an eval
+  pass with GLUE's metrics (input_pipeline/task_metrics.py)."""
 
   def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
     examples = load_examples(data_cfg, split, tokenizer)
+    self.task, self.labels = task_spec(data_cfg.task), examples.labels
     max_length, pad_id = data_cfg.max_seq_length, tokenizer.pad_id
     super().__init__(
         len(examples),
         lambda indices, weights: batch_arrays(examples, indices, weights, max_length, pad_id),
         split=split, batch_size=batch_size, seed=seed, process_index=process_index,
         process_count=process_count, name=data_cfg.task)
+
+
+  def score(self, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+    predicted = task_metrics.by_example(predictions, 'prediction', len(self.labels))
+    return task_metrics.classification(
+        self.labels, predicted, regression=self.task.regression,
+        binary=self.task.num_labels == 2 and self.task.kind != 'multiple_choice')
 
 
 def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer, batch_size: int,

@@ -11,13 +11,13 @@ and SciPy after an eval pass.
 from typing import Mapping
 
 import jax
-import jax.numpy as jnp
 
 from objectives import gpt_finetune
 
 Array = jax.Array
 
 summarize = gpt_finetune.summarize
+predict = gpt_finetune.predict
 
 
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
@@ -26,9 +26,3 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
   return gpt_finetune.loss_fn(outputs, batch, lm_coef=0.0)
 
 
-def predict(outputs: Mapping[str, Array], batch: Mapping[str, Array]) -> dict[str, Array]:
-  """The predicted class of each example, or its predicted value for regression."""
-  logits_BN = outputs['logits'].astype(jnp.float32)
-  regression = jnp.issubdtype(batch['labels'].dtype, jnp.floating)
-  prediction_B = logits_BN[:, 0] if regression else logits_BN.argmax(-1).astype(jnp.float32)
-  return {'example_index': batch['example_index'], 'prediction': prediction_B}

@@ -93,6 +93,16 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   return loss, metrics
 
 
+def predict(outputs: Mapping[str, Array], batch: Mapping[str, Array]) -> dict[str, Array]:
+  """The predicted class (or choice) of each example, or its value for regression."""
+  logits_BN = outputs['logits'].astype(jnp.float32)
+  if jnp.issubdtype(batch['labels'].dtype, jnp.floating):
+    prediction_B = logits_BN[:, 0]
+  else:
+    prediction_B = logits_BN.argmax(-1).astype(jnp.float32)
+  return {'example_index': batch['example_index'], 'prediction': prediction_B}
+
+
 def _ratio(numerator: float, denominator: float) -> float:
   return numerator / denominator if denominator > 0 else 0.0
 

@@ -112,11 +112,12 @@ def test_batch_arrays_on_a_hand_made_example():
   np.testing.assert_array_equal(batch['labels'], [0, 1])
   expected = {'input_ids': np.int32, 'segment_ids': np.int32, 'positions': np.int32,
               'targets': np.int32, 'weights': np.float32, 'extract_positions': np.int32,
-              'labels': np.int32, 'example_weights': np.float32}
+              'labels': np.int32, 'example_weights': np.float32, 'example_index': np.int32}
   assert {k: v.dtype for k, v in batch.items()} == expected
   # A padding example keeps its tokens (finite model outputs) but trains nothing.
   padded = gpt_finetune.batch_arrays(examples, np.array([0]), np.zeros(1), 7, pad_id=9)
   assert not padded['weights'].any() and not padded['targets'].any()
+  assert batch['example_index'].tolist() == [1, 0] and padded['example_index'].tolist() == [-1]
   regression = gpt_finetune.make_examples(sequences, [0.5, 4.25])
   assert regression.labels.dtype == np.float32
 
@@ -329,7 +330,7 @@ def test_example_batch_has_the_spec_of_every_task():
     assert {k: v.shape for k, v in batch.items()} == {
         'input_ids': (4, c, 16), 'segment_ids': (4, c, 16), 'positions': (4, c, 16),
         'targets': (4, c, 16), 'weights': (4, c, 16), 'extract_positions': (4, c),
-        'labels': (4,), 'example_weights': (4,)}, name
+        'labels': (4,), 'example_weights': (4,), 'example_index': (4,)}, name
     assert batch['labels'].dtype == (np.float32 if task.regression else np.int32)
     extract = np.take_along_axis(batch['input_ids'], batch['extract_positions'][..., None], -1)
     assert (extract == 4).all() and (batch['input_ids'][:, :, 0] == 2).all()
