@@ -271,3 +271,31 @@ def test_offline_capitalized_tags_the_words_the_corpus_capitalizes_after_the_fir
        (0, 0, 1, 0, 0, 1, 0, 0, 0)),
       (('use', 'python', 'or', 'not', 'at', 'all', 'today', '.'), (0, 1, 0, 0, 0, 0, 0, 0))]
   assert tagging.offline_sentences(cfg, 'train', 1)[0] in ([list(p[0])] for p in pairs)
+
+
+def test_glue_by_name_through_tfds_mock_data_scores_a_whole_pass(tokenizer):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  config = bert_finetune_config.get_config('mrpc,tiny')
+  config.data.max_seq_length = 24
+  with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
+    expected = list(tfds.as_numpy(tfds.load('glue/mrpc', split='validation',
+                                            shuffle_files=False)))
+    it = bert_finetune.get_iterator(config.data, 'eval', tokenizer=tokenizer, batch_size=4,
+                                    seed=0)
+    batches = [next(it) for _ in range(it.steps_per_epoch)]
+  labels = np.array([int(e['label']) for e in expected])
+  first = batches[0]
+  assert first['input_ids'].shape == (4, 24) and (first['input_ids'][:, 0] == 2).all()
+  # Row 0 is [CLS] A [SEP] B [SEP] of the first pair, as sequence_examples frames it.
+  texts = [tokenizer.encode(expected[0][k].decode()) for k in ('sentence1', 'sentence2')]
+  want = bert_finetune.batch_arrays(
+      bert_finetune.sequence_examples([texts], [0], 2, 3, 24), np.array([0]),
+      np.ones(1, np.float32), 24, tokenizer.pad_id)
+  for key in ('input_ids', 'segment_ids', 'input_mask'):
+    np.testing.assert_array_equal(first[key][0], want[key][0])
+  np.testing.assert_array_equal(first['labels'], labels[:4])
+  assert batches[1]['example_index'].tolist() == [4, 5, -1, -1]
+  rows = np.concatenate([b['example_index'] for b in batches])
+  real = rows >= 0
+  scores = it.score({'example_index': rows[real], 'prediction': np.ones(real.sum(), np.float32)})
+  assert scores['accuracy'] == pytest.approx(labels.mean())
