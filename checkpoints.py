@@ -60,10 +60,12 @@ def _path_name(path) -> str:
   return '/'.join(str(getattr(k, 'key', k)) for k in path)
 
 
-def restore_params(workdir: str, target_params: Any) -> tuple[Any, list[str], list[str]]:
+def restore_params(workdir: str, target_params: Any, fresh: tuple[str, ...] = ()
+                   ) -> tuple[Any, list[str], list[str]]:
   """`target_params` with every array that the latest checkpoint of `workdir` also has replaced.
 
-  The arrays are read straight onto the target's shardings. Returns the
+  The arrays are read straight onto the target's shardings; the top-level
+  modules named in `fresh` (another task's head) are never read. Returns the
   params, the names only the target has (new heads) and the names only the
   checkpoint has (unused pretraining heads).
   """
@@ -76,6 +78,8 @@ def restore_params(workdir: str, target_params: Any) -> tuple[Any, list[str], li
   saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree['params']
   saved_shapes = {_path_name(p): tuple(m.shape)
                   for p, m in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  unused_heads = sorted(n for n in saved_shapes if n.split('/')[0] in fresh)
+  saved_shapes = {n: s for n, s in saved_shapes.items() if n.split('/')[0] not in fresh}
   target, treedef = jax.tree_util.tree_flatten_with_path(target_params)
   names = [_path_name(p) for p, _ in target]
   for name, (_, array) in zip(names, target):
@@ -99,5 +103,5 @@ def restore_params(workdir: str, target_params: Any) -> tuple[Any, list[str], li
   loaded = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
   leaves = [loaded.get(name, array) for name, (_, array) in zip(names, target)]
   new = [name for name in names if name not in saved_shapes]
-  unused = sorted(set(saved_shapes) - set(names))
+  unused = sorted(set(saved_shapes) - set(names)) + unused_heads
   return jax.tree_util.tree_unflatten(treedef, leaves), new, unused

@@ -9,8 +9,9 @@ A converted workdir is what a pretraining run leaves: config.json (configs/
 bert_base.py or configs/gpt.py with the checkpoint's sizes), the vocabulary
 and its casing, an orbax checkpoint; --config.init_from, train.load_trained
 and --to=hf read it with no further flag. The casing: HF's
-tokenizer_config.json do_lower_case (True when absent); for a TF release the
-directory's name (uncased_L-12_H-768_A-12, cased_...); --lower_case overrides.
+tokenizer_config.json do_lower_case; for a TF release the directory's name
+(uncased_L-12_H-768_A-12, cased_...); else the vocabulary (capitalized pieces
+make it cased); --lower_case overrides.
 
 Every tensor goes to one parameter of the tree our model's init makes, shapes
 checked; a missing or unexpected tensor is an error naming it. Skipped on
@@ -240,7 +241,11 @@ def read_hf_tensors(input_dir: str) -> tuple[dict[str, np.ndarray], str]:
     return {k: v for s in shards for k, v in load_file(os.path.join(input_dir, s)).items()}, index
   path = os.path.join(input_dir, 'pytorch_model.bin')
   if os.path.isfile(path):
-    import torch  # pylint: disable=g-import-not-at-top
+    try:
+      import torch  # pylint: disable=g-import-not-at-top (only .bin checkpoints need it)
+    except ImportError:
+      raise ValueError(f'{path} is a PyTorch file: pip install -r requirements-parity.txt (torch) '
+                       'to read it, or save the model with safe_serialization=True.') from None
     state = torch.load(path, map_location='cpu', weights_only=True)
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
             for k, v in state.items()}, path
@@ -283,21 +288,42 @@ def read_tensors(fmt: str, family: str, input_dir: str) -> tuple[dict, str]:
   return {k: v for k, v in tensors.items() if not BUFFERS.search(k)}, source
 
 
+def unstack_layers(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """A scan_layers=True run's 'layers/block/...' arrays (layers stacked first) as 'layer_{i}/...'."""
+  out = {}
+  for path, x in flat.items():
+    if path.startswith('layers/block/'):
+      for i, layer in enumerate(x):
+        out[f'layer_{i}/' + path[len('layers/block/'):]] = layer
+    else:
+      out[path] = x
+  return out
+
+
 def casing(input_dir: str, fmt: str) -> bool:
-  """Whether the checkpoint's WordPiece vocabulary is uncased (lower-cased text)."""
+  """Whether the checkpoint's WordPiece vocabulary is uncased (lower-cased text): as the
+  checkpoint says (HF's tokenizer_config.json, the TF release's uncased_/cased_ name), else
+  read off the vocabulary (a cased one has capitalized pieces)."""
   if fmt == 'hf':
     path = os.path.join(input_dir, 'tokenizer_config.json')
     settings = _read_json(path) if os.path.isfile(path) else {}
-    lower = settings.get('do_lower_case', True)  # HF BertTokenizer's default
-    if settings.get('strip_accents') not in (None, lower):
+    lower = settings.get('do_lower_case')
+    if lower is not None and settings.get('strip_accents') not in (None, lower):
       raise ValueError(f'{path} has strip_accents={settings["strip_accents"]} and do_lower_case='
                        f'{lower}: our tokenizer strips accents exactly when lower-casing.')
-    return lower
-  found = re.search(r'(^|_)(un)?cased_', os.path.basename(os.path.normpath(input_dir)))
-  if not found:
-    raise ValueError(f'{input_dir} does not say whether its vocabulary is cased (the release zips '
-                     'are named uncased_... or cased_...): pass --lower_case=true or false.')
-  return found.group(2) is not None
+    if lower is not None:
+      return lower
+  else:
+    found = re.search(r'(^|_)(un)?cased_', os.path.basename(os.path.normpath(input_dir)))
+    if found:
+      return found.group(2) is not None
+  vocab = os.path.join(input_dir, 'vocab.txt')
+  if not os.path.isfile(vocab):
+    raise ValueError(f'{input_dir} has no vocab.txt: pass the directory with the checkpoint\'s '
+                     'vocabulary.')
+  with open(vocab, encoding='utf-8') as f:
+    capitalized = sum(1 for line in f if not line.startswith('[') and line != line.lower())
+  return capitalized == 0
 
 
 def grow_token_embedding(tensors: dict, config) -> None:
@@ -382,7 +408,7 @@ def export_hf(workdir: str, output: str) -> str:
   weights = os.path.join(output, 'model.safetensors')
   if os.path.exists(weights):
     raise ValueError(f'--output={output} already holds model.safetensors: pass a new directory.')
-  flat = traverse_util.flatten_dict(jax.device_get(params), sep='/')
+  flat = unstack_layers(traverse_util.flatten_dict(jax.device_get(params), sep='/'))
   names = name_map(BERT, 'hf', config.model.num_layers)
   left_out = sorted({p.split('/')[0] for p in flat} & set(FINETUNING_HEADS))
   unnamed = [p for p in flat if p not in names and p.split('/')[0] not in left_out]

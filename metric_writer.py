@@ -20,6 +20,15 @@ def _duration(seconds: float) -> str:
   return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
 
 
+def has_results(workdir: str) -> bool:
+  """Whether the run's metrics.jsonl holds its results line (written after its final eval)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding='utf-8') as f:
+    return any('"results"' in line and 'results' in json.loads(line) for line in f if line.strip())
+
+
 class MetricWriter:
   """One JSON object per logged step; TensorBoard scalars; one console line."""
 

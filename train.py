@@ -77,6 +77,9 @@ def validate(config, mesh) -> None:
   if tc.batch_size % jax.process_count():
     raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the '
                      f'{jax.process_count()} hosts: use a multiple of {jax.process_count()}.')
+  if tc.eval_steps and config.data.get('pipeline') in input_pipeline.SCORED:
+    raise ValueError(f'train.eval_steps={tc.eval_steps}: a task is scored over its whole eval '
+                     'split (EM/F1, span F1, MCC need every example): set train.eval_steps=0.')
   if tc.num_steps < 1 or min(tc.log_every, tc.eval_every, tc.checkpoint_every) < 1:
     raise ValueError('train.num_steps, log_every, eval_every and checkpoint_every must be '
                      'positive: set them to 1 or more.')
@@ -379,27 +382,37 @@ def accumulate(totals: dict[str, np.ndarray], metrics: dict[str, Any]) -> dict[s
   return totals
 
 
-def evaluate(eval_step, params, config, tokenizer, mesh, summarize) -> dict[str, float]:
-  """Mean metrics over config.train.eval_steps batches of the held-out split (same every time);
-  eval_steps=0 takes one pass of it, for pipelines that know its length (fine-tuning tasks)."""
+def eval_batches(config, tokenizer):
+  """The held-out split's iterator and its start; fine-tuning tasks (a fixed eval pass) read
+  one batch now, so that a missing or empty eval split stops the run before it trains."""
   batches = input_pipeline.get_dataset(
       config.data, 'eval', tokenizer=tokenizer,
       batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
+  start = batches.get_state()
+  if config.train.eval_steps == 0:
+    next(batches)
+    if not batches.steps_per_epoch:
+      raise ValueError(f'data.pipeline={config.data.pipeline!r} has no fixed eval pass: set '
+                       'train.eval_steps to the number of eval batches.')
+    batches.set_state(start)
+  return batches, start
+
+
+def evaluate(run: 'Run', params) -> dict[str, float]:
+  """Mean metrics over config.train.eval_steps batches of the held-out split (same every time);
+  eval_steps=0 takes one pass of it, for pipelines that know its length (fine-tuning tasks)."""
+  config, batches, mesh = run.config, run.eval_data, run.mesh
+  batches.set_state(run.eval_start)
   steps = config.train.eval_steps or batches.steps_per_epoch
-  if not steps:
-    raise ValueError(f'data.pipeline={config.data.pipeline!r} has no fixed eval pass: set '
-                     'train.eval_steps to the number of eval batches.')
-  # Scored on the host only over whole passes (fine-tuning's eval_steps=0): a task's metric
-  # is over all of its examples, and an unseen SQuAD question would count as wrong.
   whole_pass = steps >= (batches.steps_per_epoch or steps + 1)
   totals, predicted = {}, []
   for _ in range(steps):
-    metrics, predictions = eval_step(params, sharding.global_batch(next(batches), mesh))
+    metrics, predictions = run.eval_step(params, sharding.global_batch(next(batches), mesh))
     totals = accumulate(totals, metrics)
     if predictions and whole_pass:
       predicted.append(jax.device_get(predictions))
-  summary = summarize(totals)
+  summary = run.objective.summarize(totals)
   if predicted:
     # Every host holds every row's predictions (replicated) and scores the whole pass;
     # padding rows (example_index -1) are left out. The libraries' figures replace the
@@ -461,6 +474,8 @@ class Run:
   train_step: Callable
   eval_step: Callable
   mngr: Any
+  eval_data: Any
+  eval_start: dict
 
 
 def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Callable]:
@@ -505,6 +520,7 @@ def setup(config, workdir: str, mesh) -> Run:
       config.data, 'train', tokenizer=tokenizer,
       batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
+  eval_data, eval_start = eval_batches(config, tokenizer)
 
   # Model and state, restored with the data position when the workdir has a checkpoint.
   objective, schedule, state, train_step, eval_step = build(config, mesh)
@@ -515,14 +531,14 @@ def setup(config, workdir: str, mesh) -> Run:
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
-    state = state.replace(params=init_params(state.params, config.init_from, config.model_name))
+    state = state.replace(params=init_params(state.params, config))
   else:
     model_module = importlib.import_module(f'models.{config.model_name}')
     if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
       state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
   write_workdir_files(config, workdir, tokenizer)
   return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
-             train_step, eval_step, mngr)
+             train_step, eval_step, mngr, eval_data, eval_start)
 
 
 def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
@@ -555,20 +571,28 @@ def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
   return config, model, params, tokenizer
 
 
-def init_params(params, init_from: str, model_name: str):
-  """`params` with every array the run in `init_from` also has taken from its last checkpoint.
+def init_params(params, config):
+  """`params` with every array the run in config.init_from also has taken from its last
+  checkpoint.
 
   A task model that holds the pretrained model as a submodule names it in
   PRETRAINED_PARAMS (BERT's feature-based tagger keeps BERT under 'bert'):
-  the run's parameters then fill that subtree.
+  the run's parameters then fill that subtree. The task heads a model names
+  in TASK_HEADS start afresh when init_from was fine-tuned on another task
+  (each task gets a new output layer, BERT sec. 4).
   """
-  prefix = getattr(importlib.import_module(f'models.{model_name}'), 'PRETRAINED_PARAMS', None)
+  init_from, module = config.init_from, importlib.import_module(f'models.{config.model_name}')
+  prefix = getattr(module, 'PRETRAINED_PARAMS', None)
+  with open(os.path.join(init_from, 'config.json'), encoding='utf-8') as f:
+    saved_task = json.load(f).get('data', {}).get('task')
+  same_task = saved_task is not None and saved_task == config.data.get('task')
+  fresh = () if same_task else tuple(getattr(module, 'TASK_HEADS', ()))
   if prefix:
-    subtree, new, unused = checkpoints.restore_params(init_from, params[prefix])
+    subtree, new, unused = checkpoints.restore_params(init_from, params[prefix], fresh)
     params = {**params, prefix: subtree}
     new = [f'{prefix}/{name}' for name in new] + [name for name in params if name != prefix]
   else:
-    params, new, unused = checkpoints.restore_params(init_from, params)
+    params, new, unused = checkpoints.restore_params(init_from, params, fresh)
   if jax.process_index() == 0:
     print(f'Initialized from {init_from}; new parameters: {", ".join(new) or "none"}; '
           f'unused: {", ".join(unused) or "none"}.', flush=True)
@@ -606,6 +630,24 @@ class Progress:
     return summary, steps_per_sec
 
 
+def _agreed(flag: bool) -> bool:
+  """Host 0's answer on every host (only host 0 writes metrics.jsonl)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.array(flag)))
+
+
+def evaluate_and_write(run: Run, params, step: int, writer) -> None:
+  """An eval line in metrics.jsonl; at train.num_steps also the run's results line."""
+  metrics = evaluate(run, params)
+  if run.config.get('decode', {}).get('bleu_examples'):  # translation models
+    import translate  # pylint: disable=g-import-not-at-top (it imports train)
+    metrics.update(translate.evaluate_bleu(run.config, params, run.tokenizer))
+  writer.write(step, metrics, prefix='eval_')
+  if step == run.config.train.num_steps:
+    writer.results(step, {f'eval_{k}': v for k, v in metrics.items()}, run.workdir)
+
+
 def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> TrainState:
   """Steps until train.num_steps (or a stop); logs, evaluates and checkpoints on the way."""
   tc, state = run.config.train, run.state
@@ -615,12 +657,14 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
     print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
           f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
           flush=True)
-  if step >= tc.num_steps and jax.process_index() == 0:
-    print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
-          'train further.', flush=True)
   writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
   progress, pending, start_step = Progress(run, step), None, step
   try:
+    if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir)):
+      evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
+    elif step >= tc.num_steps and jax.process_index() == 0:
+      print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
+            'train further.', flush=True)
     while step < end and not stop.requested(step, tc.log_every):
       first = step == start_step
       start = time.time()
@@ -648,14 +692,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
         progress.last_good_step = step
       if step % tc.eval_every == 0 or step == tc.num_steps:
-        metrics = evaluate(run.eval_step, state.params, run.config, run.tokenizer, run.mesh,
-                           run.objective.summarize)
-        if run.config.get('decode', {}).get('bleu_examples'):  # translation models
-          import translate  # pylint: disable=g-import-not-at-top (it imports train)
-          metrics.update(translate.evaluate_bleu(run.config, state.params, run.tokenizer))
-        writer.write(step, metrics, prefix='eval_')
-        if step == tc.num_steps:
-          writer.results(step, {f'eval_{k}': v for k, v in metrics.items()}, run.workdir)
+        evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
     if step < end:  # stopped by SIGTERM
       if pending is not None:

@@ -24,6 +24,8 @@ from models import layers
 Array = jax.Array
 
 HEADS = ('classify', 'span', 'tag')
+# Task heads' modules: fresh when init_from was fine-tuned on another task (train.init_params).
+TASK_HEADS = ('classifier', 'span_head', 'tagger')
 
 
 @dataclasses.dataclass(frozen=True)

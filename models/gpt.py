@@ -19,6 +19,8 @@ from models import layers
 Array = jax.Array
 
 HEADS = ('classify', 'choice')
+# Task heads' modules: fresh when init_from was fine-tuned on another task (train.init_params).
+TASK_HEADS = ('classifier',)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -339,7 +339,9 @@ def test_init_from_fills_the_bert_subtree(bert_run, tmp_path):
   workdir, _, saved = bert_run
   model = bert_feature_tagger.Model(_tagger())
   params = _params(model, _batch())
-  loaded = train.init_params(params, workdir, 'bert_feature_tagger')
+  config = ml_collections.ConfigDict(dict(init_from=workdir, model_name='bert_feature_tagger',
+                                          data=dict(task='offline_capitalized')))
+  loaded = train.init_params(params, config)
   # Every BERT array the tagger has (not the MLM head) comes from the run; the rest is as it was.
   assert set(loaded['bert']) == set(saved) - {'mlm_transform', 'mlm_ln', 'mlm_output_bias'}
   jax.tree.map(np.testing.assert_array_equal, loaded['bert'],

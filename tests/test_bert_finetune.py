@@ -228,6 +228,17 @@ def test_a_task_with_the_wrong_head_is_refused_in_one_line():
     bert_finetune_config.get_config('sst2,huge')
 
 
+def test_part_of_an_eval_split_is_refused_for_a_scored_task():
+  import sharding  # pylint: disable=g-import-not-at-top
+  import train  # pylint: disable=g-import-not-at-top
+  config = bert_finetune_config.get_config('offline_next,tiny')
+  mesh = sharding.make_mesh(config.mesh)
+  train.validate(config, mesh)
+  config.train.eval_steps = 3
+  with pytest.raises(ValueError, match='set train.eval_steps=0'):
+    train.validate(config, mesh)
+
+
 def test_sizes_and_casing_left_unset_come_from_init_from(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   import train  # pylint: disable=g-import-not-at-top
@@ -243,6 +254,43 @@ def test_sizes_and_casing_left_unset_come_from_init_from(tmp_path):
   assert (config.model.hidden_size, config.model.num_layers) == (256, 4)
   assert config.data.lower_case is False
   assert config.model.num_labels == 2 and config.model.head == 'classify'
+
+
+def _fine_tuned_run(workdir, task, num_labels):
+  """A workdir as fine-tuning leaves one: config.json naming the task, a checkpoint."""
+  import json  # pylint: disable=g-import-not-at-top
+  import checkpoints  # pylint: disable=g-import-not-at-top
+  (workdir / 'config.json').write_text(json.dumps({'data': {'task': task}}))
+  params = _head_params(num_labels, seed=1)
+  mngr = checkpoints.manager(str(workdir), 1)
+  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {})
+  mngr.wait_until_finished()
+  return params
+
+
+def _head_params(num_labels, seed):
+  batch = {'input_ids': jnp.ones((1, 8), jnp.int32), 'segment_ids': jnp.zeros((1, 8), jnp.int32),
+           'input_mask': jnp.ones((1, 8), jnp.int32)}
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(bert.Model(_tiny('classify', num_labels)).init(
+      jax.random.key(seed), batch)['params'])
+
+
+@pytest.mark.parametrize('task,num_labels,head_kept', [('sst2', 2, True), ('mrpc', 2, False),
+                                                      ('mnli', 3, False)])
+def test_another_tasks_head_starts_afresh_from_a_fine_tuned_run(tmp_path, task, num_labels,
+                                                                 head_kept):
+  # Sec. 4: each task adds its own output layer; only the same task's run gives its head.
+  import train  # pylint: disable=g-import-not-at-top
+  saved = _fine_tuned_run(tmp_path, 'sst2', 2)
+  params = _head_params(num_labels, seed=2)
+  config = ml_collections.ConfigDict(dict(init_from=str(tmp_path), model_name='bert',
+                                          data=dict(task=task)))
+  loaded = train.init_params(params, config)
+  for encoder_part in ('token_embed', 'layer_1', 'pooler'):
+    jax.tree.map(np.testing.assert_array_equal, loaded[encoder_part], saved[encoder_part])
+  expected = saved['classifier'] if head_kept else params['classifier']
+  jax.tree.map(np.testing.assert_array_equal, loaded['classifier'], expected)
 
 
 def test_finetune_configs_name_their_pipeline_objective_and_head():

@@ -191,6 +191,23 @@ def test_export_leaves_out_finetuning_heads(hf_bert, bert_workdir, tmp_path):
   assert sorted(exported) == sorted(load_file(str(hf_bert[0] / 'model.safetensors')))
 
 
+def test_a_scan_layers_run_exports_as_its_unstacked_layers(hf_bert, bert_workdir, tmp_path):
+  config, _, params, _ = train.load_trained(bert_workdir, 'bert', 'test')
+  params = jax.device_get(params)
+  layers = [params.pop(f'layer_{i}') for i in range(config.model.num_layers)]
+  params['layers'] = {'block': jax.tree.map(lambda *xs: np.stack(xs), *layers)}
+  config.model.scan_layers = True
+  scanned = str(tmp_path / 'scanned')
+  convert_checkpoint.write_workdir(scanned, config, params,
+                                   os.path.join(bert_workdir, 'vocab.txt'))
+  convert_checkpoint.export_hf(scanned, str(tmp_path / 'hf'))
+  exported = load_file(str(tmp_path / 'hf' / 'model.safetensors'))
+  original = load_file(str(hf_bert[0] / 'model.safetensors'))
+  assert sorted(exported) == sorted(original)
+  for name, x in original.items():
+    np.testing.assert_array_equal(exported[name], x, err_msg=name)
+
+
 def test_old_bert_model_checkpoint_gets_fresh_heads(tmp_path):
   """A BertModel (no bert. prefix, no cls.* heads) in an older pytorch_model.bin: LayerNorm's
   gamma and beta, and the position_ids buffer."""
@@ -277,12 +294,17 @@ def test_tf_checkpoint_matches_transformers(hf_bert, tmp_path):
   convert_checkpoint.convert('tf', str(release), str(tmp_path / 'run'))
   _assert_bert_matches(str(tmp_path / 'run'), hf_bert[1])
   assert train.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
-  # A directory without the release's name needs the casing; the flag always decides.
+  # A directory without the release's name is read off its vocabulary: capitalized pieces
+  # make it cased; the flag always decides.
   renamed = tmp_path / 'my_bert'
   shutil.copytree(release, renamed)
-  with pytest.raises(ValueError, match='--lower_case=true or false') as error:
-    convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run2'))
-  assert '\n' not in str(error.value)
+  convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run2'))
+  assert train.load_trained(str(tmp_path / 'run2'), 'bert', 'test')[3].lower_case is True
+  vocab = (renamed / 'vocab.txt').read_text(encoding='utf-8').replace('\nw7\n', '\nW7\n')
+  assert 'W7' in vocab
+  (renamed / 'vocab.txt').write_text(vocab, encoding='utf-8')
+  convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run4'))
+  assert json.loads((tmp_path / 'run4' / 'config.json').read_text())['data']['lower_case'] is False
   convert_checkpoint.convert('tf', str(release), str(tmp_path / 'run3'), lower_case=False)
   assert json.loads((tmp_path / 'run3' / 'config.json').read_text())['data']['lower_case'] is False
 

@@ -127,7 +127,7 @@ def finetune_micro_config(data_dir, **train_overrides):
   """GPT fine-tuning on the 4-way offline cloze task: (B, C=4, L) batches."""
   config = finetune_configs.get_config('offline_cloze,tiny')
   config.data.max_examples = 200
-  return _shrunk(config, data_dir, **train_overrides)
+  return _shrunk(config, data_dir, **{'eval_steps': 0, **train_overrides})
 
 
 def cvt_micro_config(data_dir, **train_overrides):
@@ -224,6 +224,30 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   with pytest.raises(FloatingPointError, match=r'at step \d+; the last good checkpoint is step 4'):
     train.train_and_evaluate(config, str(tmp_path))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+
+
+def test_a_bad_eval_split_stops_the_run_before_it_trains(data_dir, tmp_path):
+  config = finetune_micro_config(data_dir)
+  config.data.eval_holdout = 10**6  # no example is held out
+  with pytest.raises(ValueError, match="'eval' split .* lower data.eval_holdout"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'metrics.jsonl')
+
+
+def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_path):
+  config = finetune_micro_config(data_dir, num_steps=4, checkpoint_every=4)
+  train.train_and_evaluate(config, str(tmp_path))
+  path = tmp_path / 'metrics.jsonl'
+  lines = path.read_text().splitlines()
+  results = [json.loads(line) for line in lines if '"results"' in line]
+  assert len(results) == 1 and 'eval_accuracy' in results[0]['results']
+  # As if stopped after the last checkpoint, before the eval and results lines were written.
+  path.write_text('\n'.join(line for line in lines if 'eval_' not in line) + '\n')
+  train.train_and_evaluate(config, str(tmp_path))
+  again = [json.loads(line) for line in path.read_text().splitlines() if '"results"' in line]
+  assert len(again) == 1 and again[0]['results'] == results[0]['results']
+  train.train_and_evaluate(config, str(tmp_path))  # finished: nothing more is written
+  assert len(path.read_text().splitlines()) == len(lines)
 
 
 def test_mlm_only_variant_trains_without_nsp(data_dir, tmp_path):
