@@ -7,7 +7,7 @@ import sys
 from absl import flags
 
 
-def _bad_override(argv: list[str]) -> str | None:
+def bad_override(argv: list[str]) -> str | None:
   """The first --config.<path> override whose path the config file does not have."""
   config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
@@ -34,7 +34,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
     try:
-      reason = _bad_override(argv)
+      reason = bad_override(argv)
     except Exception:  # pylint: disable=broad-except
       reason = None
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]

@@ -54,6 +54,7 @@ def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:
   config.model.use_elmo = True  # False: the same task model without ELMo
   config.model.elmo_at_output = False  # also [h_k; ELMo_k] at the biLSTM's output
   config.model.elmo_top_only = False  # ELMo = gamma * top layer instead of the scalar mix
+  config.model.elmo_layer = -1  # >= 0: gamma * that biLM layer alone (0 = char-CNN tokens)
   config.model.elmo_layer_norm = False
   config.model.elmo_dropout_rate = 0.5
   for field, value in TASK_MODEL[size].items():

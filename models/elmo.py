@@ -191,12 +191,15 @@ class ScalarMix(nn.Module):
 
   With `layer_norm`, each layer is first normalized by the mean and variance
   of its unmasked values over the whole batch (as allennlp's ScalarMix).
-  `top_only` is the ablation gamma * top layer (sec. 5.2), without s.
+  `top_only` is the ablation gamma * top layer (sec. 5.2), without s;
+  `single_layer` j likewise takes layer j alone (sec. 5.3 compares the
+  first and second biLM layers on syntax and semantics tasks).
   Returns (mix (B, L, X) float32, zeros at masked positions; l2).
   """
   num_layers: int  # J
   layer_norm: bool = False
   top_only: bool = False
+  single_layer: int | None = None
 
   @nn.compact
   def __call__(self, layers_BJLX: Array, mask_BL: Array) -> tuple[Array, Array]:
@@ -207,8 +210,12 @@ class ScalarMix(nn.Module):
                        (), jnp.float32)
     keep_B1L1 = (mask_BL > 0)[:, None, :, None]
     h_BJLX = jnp.where(keep_B1L1, layers_BJLX.astype(jnp.float32), 0.0)
-    if self.top_only:
-      return gamma * h_BJLX[:, -1], jnp.zeros((), jnp.float32)
+    if self.single_layer is not None and not 0 <= self.single_layer < self.num_layers:
+      raise ValueError(f'ScalarMix single_layer={self.single_layer}: use a layer in '
+                       f'0..{self.num_layers - 1}.')
+    if self.top_only or self.single_layer is not None:
+      j = self.num_layers - 1 if self.top_only else self.single_layer
+      return gamma * h_BJLX[:, j], jnp.zeros((), jnp.float32)
     s_J = self.param('scalar_weights',
                      nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
                      (self.num_layers,), jnp.float32)

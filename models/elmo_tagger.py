@@ -42,6 +42,7 @@ class Config(elmo.Config):
   use_elmo: bool = True  # False = the baseline without ELMo (the elmo_* fields are then unused)
   elmo_at_output: bool = False  # also [h_k; ELMo_k] at the biLSTM's output (sec. 3.3)
   elmo_top_only: bool = False  # ELMo_k = gamma * top layer instead of the scalar mix
+  elmo_layer: int = -1  # >= 0: ELMo_k = gamma * that layer alone (0 = the char-CNN's tokens)
   elmo_layer_norm: bool = False  # layer-normalize each biLM layer before mixing
   elmo_dropout_rate: float = 0.5  # "a moderate amount of dropout to ELMo" (sec. 3.3)
   word_dim: int = 100  # x_k: a learned word embedding of token_ids
@@ -57,6 +58,11 @@ class Config(elmo.Config):
     for name in ('elmo_dropout_rate', 'task_dropout_rate'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'model.{name}={getattr(self, name)}: use a rate in [0, 1).')
+    if not -1 <= self.elmo_layer <= self.num_layers:
+      raise ValueError(f'model.elmo_layer={self.elmo_layer}: use -1 (the scalar mix) or a layer '
+                       f'in 0..{self.num_layers} (0 is the char-CNN token layer).')
+    if self.elmo_layer >= 0 and self.elmo_top_only:
+      raise ValueError('model.elmo_layer and model.elmo_top_only both pick one layer: set one.')
 
 
 def check_config(config) -> None:
@@ -102,7 +108,9 @@ class Model(nn.Module):
       elmo_BLX = {}
       for name in mix_names:
         mix_BLX, l2 = elmo.ScalarMix(layers_BJLX.shape[1], layer_norm=cfg.elmo_layer_norm,
-                                     top_only=cfg.elmo_top_only, name=name)(layers_BJLX, mask_BL)
+                                     top_only=cfg.elmo_top_only, name=name,
+                                     single_layer=None if cfg.elmo_layer < 0 else cfg.elmo_layer
+                                     )(layers_BJLX, mask_BL)
         elmo_BLX[name] = nn.Dropout(cfg.elmo_dropout_rate)(
             mix_BLX.astype(dtype), deterministic=deterministic)
         mix_l2 = mix_l2 + l2

@@ -221,6 +221,12 @@ def test_scalar_mix():
   assert set(variables['params']) == {'gamma'} and l2 == 0.0
   mix, _, _ = _mix(h_BJLX, mask, {'gamma': gamma}, top_only=True)
   np.testing.assert_allclose(mix, gamma * h_BJLX[:, -1], rtol=1e-6)
+  for j in range(3):  # one layer alone (sec. 5.3)
+    mix, l2, variables = _mix(h_BJLX, mask, {'gamma': gamma}, single_layer=j)
+    assert set(variables['params']) == {'gamma'} and l2 == 0.0
+    np.testing.assert_allclose(mix, gamma * h_BJLX[:, j], rtol=1e-6)
+  with pytest.raises(ValueError, match='single_layer=3'):
+    _mix(h_BJLX, mask, single_layer=3)
 
 
 def test_scalar_mix_layer_norm_uses_only_unmasked_values():

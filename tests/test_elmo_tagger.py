@@ -56,11 +56,13 @@ def test_config_carries_the_bilm_fields():
     _config(elmo_dropout_rate=1.0)
   with pytest.raises(ValueError):
     _config(num_layers=0)  # a biLM field, checked by elmo.Config
+  with pytest.raises(ValueError, match='elmo_layer=9'):
+    _config(elmo_layer=9)
 
 
 @pytest.mark.parametrize('overrides, output_mix', [
     ({}, False), ({'use_elmo': False}, False), ({'elmo_at_output': True}, True),
-    ({'elmo_top_only': True, 'elmo_at_output': True}, True)])
+    ({'elmo_top_only': True, 'elmo_at_output': True}, True), ({'elmo_layer': 1}, False)])
 def test_output_shapes_and_params(overrides, output_mix):
   cfg = _config(**overrides)
   outputs, variables = _abstract_init(elmo_tagger.Model(cfg), _batch())
@@ -71,7 +73,7 @@ def test_output_shapes_and_params(overrides, output_mix):
   assert ('output_mix' in params) == output_mix
   for name in ('input_mix', 'output_mix'):
     if name in params:  # gamma * top layer: no mix weights to learn
-      assert ('scalar_weights' in params[name]) != cfg.elmo_top_only
+      assert ('scalar_weights' in params[name]) != (cfg.elmo_top_only or cfg.elmo_layer >= 0)
   width = 2 * cfg.task_lstm_dim + (2 * cfg.projection_dim if output_mix else 0)
   assert params['classifier']['kernel'].shape == (width, 3)
 

@@ -1,0 +1,26 @@
+"""BERT's feature-based comparison: the six layer choices of table 7 (Devlin et al. 2018,
+sec. 5.3), a 2-layer biLSTM tagger over a frozen BERT's features.
+
+    python sweep.py --sweep=configs/sweeps/bert_features.py --workdir=runs/sweep_features
+    python sweep.py --sweep=configs/sweeps/bert_features.py:base,conll2003 --workdir=...
+
+The argument is SIZE[,TASK] (a configs/bert_base.py size; a tagging task of
+configs/bert_feature_tagger.py, offline_capitalized by default). The last-four choices need
+four layers: tiny pretrains a 4-layer tiny BERT.
+"""
+
+LAYERS = ('embeddings', 'second_to_last', 'last', 'sum_last_four', 'concat_last_four',
+          'sum_all')
+
+
+def get_sweep(arg: str = 'tiny'):
+  size, _, task = arg.partition(',')
+  tiny = size == 'tiny'
+  return dict(
+      stages=(('pretrain', f'configs/bert_base.py:{size}',
+               {'model.num_layers': 4, 'train.num_steps': 600} if tiny else {}),
+              ('features', f'configs/bert_feature_tagger.py:{task or "offline_capitalized"}',
+               {'train.num_steps': 300} if tiny else {})),
+      variants=tuple((layers, {'features.model.feature_layers': layers}) for layers in LAYERS),
+      seeds=(0, 1),
+      metrics=('eval_span_f1', 'eval_accuracy'))

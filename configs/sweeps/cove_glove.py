@@ -1,0 +1,24 @@
+"""CoVe's comparison: the downstream classifier on GloVe alone vs [GloVe; CoVe] (McCann et al.
+2017, sec. 5, table 2 and figure 4).
+
+    python sweep.py --sweep=configs/sweeps/cove_glove.py --workdir=runs/sweep_cove
+    python sweep.py --sweep=configs/sweeps/cove_glove.py:tiny,offline_next --workdir=...
+
+The argument is SIZE[,TASK]: configs/cove.py's size (its translation run) and a task of
+configs/cove_classifier.py (offline_shuffled by default). For the paper's setting add
+'cove.data.glove_file': 'glove.840B.300d.txt' to the first stage's overrides; without it
+CoVe's word vectors are random and frozen, so on tiny 'GloVe alone' is a random-vector
+baseline and the comparison asks what the MT-LSTM adds on its own.
+"""
+
+
+def get_sweep(arg: str = 'tiny'):
+  size, _, task = arg.partition(',')
+  tiny = size == 'tiny'
+  return dict(
+      stages=(('cove', f'configs/cove.py:{size}', {'train.num_steps': 600} if tiny else {}),
+              ('classifier', f'configs/cove_classifier.py:{task or "offline_shuffled"},{size}',
+               {'train.num_steps': 300} if tiny else {})),
+      variants=(('[GloVe; CoVe]', {}), ('GloVe alone', {'classifier.model.use_cove': False})),
+      seeds=(0, 1),
+      metrics=('eval_accuracy', 'eval_loss'))

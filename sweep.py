@@ -1,0 +1,473 @@
+"""Ablation sweeps: every variant of a sweep file run with train.py, then a table and plots.
+
+    python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=runs/sweep_masking
+    python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=DIR --print_commands
+    python sweep.py --summarize --workdir=runs/sweep_masking
+
+A sweep file is a Python file with `get_sweep(arg)` returning a dict:
+
+    stages    ((name, 'configs/<file>.py[:variant]', {override: value}), ...): one train.py
+              run per stage, in order; a later stage starts from the one before it
+              (--config.init_from), e.g. ('pretrain', ...), ('finetune', ...).
+    variants  ((name, {override: value}), ...): the override sets compared; at least one.
+    axes      ((override, (value, ...)), ...): optional; every variant is crossed with the
+              product of these values.
+    seeds     (0, 1, ...): --config.seed of every stage; the table averages over them.
+    metrics   ('eval_accuracy', ...): keys of the last stage's eval lines in metrics.jsonl; the
+              first one is the bar chart's. Loss, perplexity and error are lower-is-better.
+
+An override key is `<stage>.<config field>`, e.g. 'pretrain.data.masked_lm_prob'; a sweep with
+one stage may leave the stage out. Runs whose overrides up to a stage are the same share that
+stage's run, so a pretraining shared by every variant runs once per seed.
+
+Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the command that
+--print_commands prints. A finished run (its results line at train.num_steps) is skipped, an
+unfinished one resumes from its checkpoint: after an interruption the same command goes on.
+The summary writes WORKDIR/results.md and results.csv (mean +- sample std over seeds of each
+metric's final and best value), learning_curves.png and final_<metric>.png.
+"""
+
+import csv
+import dataclasses
+import hashlib
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')
+flags.DEFINE_string('workdir', None, 'Directory of the sweep: one workdir per run under it.')
+flags.DEFINE_bool('print_commands', False, 'Print one train.py command per run and exit.')
+flags.DEFINE_bool('summarize', False, 'Only write the table and plots from the runs in workdir.')
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SWEEP_FILE = 'sweep.json'  # the resolved sweep, so that --summarize needs only the workdir
+LOWER_IS_BETTER = ('loss', 'perplexity', 'error')
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One train.py run: a stage of one variant for one seed."""
+  stage: str
+  config: str  # configs/<file>.py[:variant], relative to the project
+  overrides: tuple[tuple[str, object], ...]  # this stage's own, in order
+  seed: int
+  workdir: str
+  init_from: str | None
+
+  def argv(self) -> list[str]:
+    """The command, with paths as seen from the current directory."""
+    path, sep, variant = self.config.partition(':')
+    args = ['python', _relative(os.path.join(ROOT, 'train.py')),
+            f'--config={_relative(os.path.join(ROOT, path))}{sep}{variant}',
+            f'--workdir={self.workdir}', f'--config.seed={self.seed}']
+    if self.init_from:
+      args.append(f'--config.init_from={self.init_from}')
+    args += [f'--config.{key}={_flag_value(value)}' for key, value in self.overrides]
+    return args
+
+
+def _relative(path: str) -> str:
+  relative = os.path.relpath(path)
+  return path if relative.startswith('..' + os.sep + '..') else relative
+
+
+def _flag_value(value) -> str:
+  """A value as ml_collections parses it from the command line (tuples as Python literals)."""
+  return repr(value) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _slug(items: list[tuple[str, object]], seed: int) -> str:
+  """A run's directory name: its overrides (last field name = value) and seed."""
+  parts = [f'{key.rsplit(".", 1)[-1]}={_flag_value(value)}' for key, value in items]
+  name = re.sub(r'[^A-Za-z0-9_.,=+-]', '_', ','.join(parts + [f'seed={seed}']))
+  if len(name) > 120 or len(set(k.rsplit('.', 1)[-1] for k, _ in items)) < len(items):
+    digest = hashlib.sha1(repr(items).encode()).hexdigest()[:10]
+    name = f'{name[:100]}-{digest}'
+  return name
+
+
+# ---------------------------------------------------------------- the sweep file
+
+
+def load_sweep(spec: str) -> dict:
+  """get_sweep(arg) of a sweep file, checked; every mistake is one line naming the fix."""
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise ValueError(f'--sweep={spec}: no such file; pass configs/sweeps/<name>.py[:arg].')
+  module_spec = importlib.util.spec_from_file_location('_sweep', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, 'get_sweep'):
+    raise ValueError(f'{path} has no get_sweep(arg): a sweep file defines one (see sweep.py).')
+  sweep = dict(module.get_sweep(arg) if arg else module.get_sweep())
+  unknown = set(sweep) - {'stages', 'variants', 'axes', 'seeds', 'metrics'}
+  if unknown:
+    raise ValueError(f'{path}: unknown sweep field(s) {sorted(unknown)}; the fields are stages, '
+                     'variants, axes, seeds and metrics.')
+  stages = [tuple(s) for s in sweep.get('stages', ())]
+  if not stages or any(len(s) != 3 for s in stages):
+    raise ValueError(f'{path}: stages must be ((name, "configs/<file>.py[:variant]", '
+                     '{override: value}), ...), at least one.')
+  names = [s[0] for s in stages]
+  if len(set(names)) != len(names):
+    raise ValueError(f'{path}: stage names {names} repeat; give each stage its own name.')
+  for _, config, _ in stages:
+    if not os.path.isfile(os.path.join(ROOT, config.partition(':')[0])):
+      raise ValueError(f'{path}: stage config {config} does not exist; configs are given '
+                       'relative to the project, e.g. configs/bert_base.py:tiny.')
+  variants = [(str(n), dict(o)) for n, o in sweep.get('variants', ())]
+  if not variants:
+    raise ValueError(f'{path}: variants is empty; give at least one (name, {{override: value}}).')
+  axes = [(key, tuple(values)) for key, values in sweep.get('axes', ())]
+  seeds = tuple(int(s) for s in sweep.get('seeds', (0,)))
+  metrics = tuple(sweep.get('metrics', ()))
+  if not seeds or not metrics:
+    raise ValueError(f'{path}: seeds and metrics must each name at least one.')
+  per_stage = {name: set(dict(base)) for name, _, base in stages}
+  for key in [k for _, o in variants for k in o] + [k for k, _ in axes]:
+    stage, field = _stage_of(key, names, path)
+    per_stage[stage].add(field)
+  for name, config, _ in stages:  # every override names a field of its stage's config
+    config_path, sep, variant = config.partition(':')
+    argv = [f'--config={os.path.join(ROOT, config_path)}{sep}{variant}']
+    bad = cli.bad_override(argv + [f'--config.{field}=0' for field in sorted(per_stage[name])])
+    if bad:
+      raise ValueError(f'{path}, stage {name}: {bad}')
+  return dict(file=spec, stages=stages, variants=variants, axes=axes, seeds=seeds,
+              metrics=metrics)
+
+
+def _stage_of(key: str, stage_names: list[str], where: str) -> tuple[str, str]:
+  head, _, rest = key.partition('.')
+  if head in stage_names and rest:
+    return head, rest
+  if len(stage_names) == 1:
+    return stage_names[0], key
+  raise ValueError(f'{where}: override {key!r} names no stage; start it with one of '
+                   f'{stage_names}, e.g. {stage_names[-1]}.{key}.')
+
+
+def expand(sweep: dict, workdir: str) -> list[tuple[str, int, list[Run]]]:
+  """(variant name, seed, its runs stage by stage) for every variant, axes point and seed."""
+  names = [s[0] for s in sweep['stages']]
+  points = [()] if not sweep['axes'] else itertools.product(
+      *[[(key, v) for v in values] for key, values in sweep['axes']])
+  combos = []
+  for (variant, overrides), point in itertools.product(sweep['variants'], list(points)):
+    label = ','.join([variant] + [f'{k.rsplit(".", 1)[-1]}={_flag_value(v)}' for k, v in point])
+    combos.append((label, list(overrides.items()) + list(point)))
+  expanded = []
+  for label, items in combos:
+    per_stage = {name: [] for name in names}
+    for key, value in items:
+      stage, field = _stage_of(key, names, sweep['file'])
+      per_stage[stage].append((field, value))
+    for seed in sweep['seeds']:
+      runs, upstream, so_far = [], None, []
+      for name, config, base in sweep['stages']:
+        own = list(dict(base).items()) + per_stage[name]
+        so_far += [(f'{name}.{k}', v) for k, v in per_stage[name]]
+        run = Run(name, config, tuple(own), seed,
+                  os.path.join(workdir, name, _slug(so_far, seed)), upstream)
+        runs.append(run)
+        upstream = run.workdir
+      expanded.append((label, seed, runs))
+  return expanded
+
+
+def unique_runs(expanded) -> list[Run]:
+  """Every run once, stage by stage (a stage's runs need the ones before)."""
+  seen, order = set(), []
+  for stage_index in range(len(expanded[0][2])):
+    for _, _, runs in expanded:
+      run = runs[stage_index]
+      if run.workdir not in seen:
+        seen.add(run.workdir)
+        order.append(run)
+  return order
+
+
+# ---------------------------------------------------------------- running
+
+
+def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
+  """The run's logged lines (a step logged again after a resume keeps its last line) and
+  its results, if the run finished."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return [], None
+  by_key, results = {}, None
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if not line.strip():
+        continue
+      record = json.loads(line)
+      if 'results' in record:
+        results = dict(record['results'], step=record['step'])
+        continue
+      kind = 'eval' if any(k.startswith('eval_') for k in record) else 'train'
+      by_key[(kind, record['step'])] = record
+  return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))], results
+
+
+def finished(run: Run) -> bool:
+  """Its results line is at the config's train.num_steps."""
+  _, results = read_metrics(run.workdir)
+  config_path = os.path.join(run.workdir, 'config.json')
+  if results is None or not os.path.exists(config_path):
+    return False
+  with open(config_path, encoding='utf-8') as f:
+    return results['step'] == json.load(f)['train']['num_steps']
+
+
+class Interrupted(Exception):
+  pass
+
+
+def run_all(runs: list[Run], workdir: str) -> list[Run]:
+  """Runs what is not finished, one after another; returns the runs that failed.
+
+  SIGINT and SIGTERM are passed on to the running train.py as SIGTERM, so that it saves a
+  checkpoint before the sweep stops."""
+  logs = os.path.join(workdir, 'logs')
+  os.makedirs(logs, exist_ok=True)
+  failed, child, stopping = [], None, []
+
+  def stop(signum, frame):
+    del signum, frame
+    stopping.append(True)
+    if child is not None and child.poll() is None:
+      child.send_signal(signal.SIGTERM)
+
+  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    for index, run in enumerate(runs, 1):
+      head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
+      if run.init_from and run.init_from in {r.workdir for r in failed}:
+        print(f'{head}: skipped, its {run.init_from} failed.', flush=True)
+        failed.append(run)
+        continue
+      if finished(run):
+        print(f'{head}: finished before, skipped.', flush=True)
+        continue
+      log_path = os.path.join(logs, f'{run.stage}__{os.path.basename(run.workdir)}.log')
+      print(f'{head}: running; log {log_path}\n  {shlex.join(run.argv())}', flush=True)
+      with open(log_path, 'a', encoding='utf-8') as log:
+        # Its own session: a Ctrl-C reaches the sweep only, which passes on a SIGTERM.
+        child = subprocess.Popen([sys.executable] + run.argv()[1:], stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        code = child.wait()
+        child = None
+      if stopping:
+        raise Interrupted(f'stopped during {run.workdir}; it saved a checkpoint, and the same '
+                          'sweep command goes on from there.')
+      if code != 0 or not finished(run):
+        tail = _last_line(log_path)
+        print(f'{head}: FAILED (exit {code}): {tail}', flush=True)
+        failed.append(run)
+      else:
+        _, results = read_metrics(run.workdir)
+        shown = ', '.join(f'{k} {v:.4g}' for k, v in results.items()
+                          if k != 'step' and isinstance(v, (int, float)))
+        print(f'{head}: done: {shown}', flush=True)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  return failed
+
+
+def _last_line(path: str) -> str:
+  with open(path, encoding='utf-8', errors='replace') as f:
+    lines = [line.strip() for line in f if line.strip()]
+  return lines[-1] if lines else '(no output)'
+
+
+# ---------------------------------------------------------------- summary
+
+
+def lower_is_better(metric: str) -> bool:
+  return any(word in metric for word in LOWER_IS_BETTER)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+  n = len(values)
+  if n == 0:
+    return math.nan, math.nan
+  mean = sum(values) / n
+  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+  return mean, std
+
+
+def summarize(workdir: str) -> list[dict]:
+  """The table (results.md, results.csv) and plots of the finished runs; returns the rows."""
+  path = os.path.join(workdir, SWEEP_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f'{workdir} holds no {SWEEP_FILE}: pass the --workdir of a sweep.py run.')
+  with open(path, encoding='utf-8') as f:
+    sweep = json.load(f)
+  expanded = [(label, seed, [Run(**r) for r in runs]) for label, seed, runs in sweep['runs']]
+  metrics = sweep['metrics']
+  rows, curves = [], {}
+  for label in dict.fromkeys(label for label, _, _ in expanded):
+    last_runs = [runs[-1] for l, _, runs in expanded if l == label]
+    row = {'variant': label, 'runs': f'{0}/{len(last_runs)}'}
+    finals = {m: [] for m in metrics}
+    bests = {m: [] for m in metrics}
+    done = 0
+    for run in last_runs:
+      lines, results = read_metrics(run.workdir)
+      if results is None or not finished(run):
+        continue
+      done += 1
+      curves.setdefault(label, []).append(lines)
+      for m in metrics:
+        if m not in results:
+          raise ValueError(f'{run.workdir}: its results have no {m!r} (they have '
+                           f'{sorted(k for k in results if k != "step")}); fix metrics in '
+                           f'{sweep["file"]}.')
+        finals[m].append(results[m])
+        seen = [line[m] for line in lines if m in line] or [results[m]]
+        bests[m].append(min(seen) if lower_is_better(m) else max(seen))
+    row['runs'] = f'{done}/{len(last_runs)}'
+    for m in metrics:
+      row[f'{m} final'] = _mean_std(finals[m])
+      row[f'{m} best'] = _mean_std(bests[m])
+    rows.append(row)
+  _write_tables(workdir, rows, metrics)
+  _plot(workdir, rows, curves, metrics[0])
+  return rows
+
+
+def _cell(mean_std: tuple[float, float]) -> str:
+  mean, std = mean_std
+  if math.isnan(mean):
+    return 'n/a'
+  return f'{mean:.4f}' if math.isnan(std) else f'{mean:.4f} ± {std:.4f}'
+
+
+def _write_tables(workdir: str, rows: list[dict], metrics: list[str]) -> str:
+  columns = [c for m in metrics for c in (f'{m} final', f'{m} best')]
+  lines = ['| variant | runs | ' + ' | '.join(columns) + ' |',
+           '|---|---|' + '---|' * len(columns)]
+  for row in rows:
+    lines.append(f'| {row["variant"]} | {row["runs"]} | ' +
+                 ' | '.join(_cell(row[c]) for c in columns) + ' |')
+  table = '\n'.join(lines) + '\n'
+  with open(os.path.join(workdir, 'results.md'), 'w', encoding='utf-8') as f:
+    f.write(table)
+  with open(os.path.join(workdir, 'results.csv'), 'w', encoding='utf-8', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['variant', 'runs'] + [f'{c} {s}' for c in columns for s in ('mean', 'std')])
+    for row in rows:
+      writer.writerow([row['variant'], row['runs']] +
+                      [f'{x:.6g}' for c in columns for x in row[c]])
+  return table
+
+
+def _plot(workdir: str, rows: list[dict], curves: dict, metric: str) -> None:
+  """learning_curves.png (train loss and the eval metric, mean over seeds) and a bar chart."""
+  import matplotlib  # pylint: disable=g-import-not-at-top (slow; only the summary needs it)
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(11, 4))
+  for label, runs in curves.items():
+    for ax, key in ((loss_ax, 'loss'), (metric_ax, metric)):
+      by_step = {}
+      for lines in runs:
+        for line in lines:
+          if key in line:
+            by_step.setdefault(line['step'], []).append(line[key])
+      steps = sorted(s for s, v in by_step.items() if len(v) == len(runs))
+      if steps:
+        ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps],
+                marker='o' if key == metric else None, label=label)
+  loss_ax.set(xlabel='step', ylabel='train loss', title='training loss (mean over seeds)')
+  metric_ax.set(xlabel='step', ylabel=metric, title=f'{metric} (mean over seeds)')
+  for ax in (loss_ax, metric_ax):
+    if ax.lines:
+      ax.legend(fontsize='small')
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'learning_curves.png'), dpi=100)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows) + 2), 4))
+  means = [row[f'{metric} final'][0] for row in rows]
+  stds = [0 if math.isnan(row[f'{metric} final'][1]) else row[f'{metric} final'][1]
+          for row in rows]
+  ax.bar(range(len(rows)), means, yerr=stds, capsize=4)
+  ax.set_xticks(range(len(rows)), [row['variant'] for row in rows], rotation=30, ha='right')
+  ax.set(ylabel=f'{metric} (final)', title=f'final {metric}, mean ± std over seeds')
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, f'final_{metric}.png'), dpi=100)
+  plt.close(fig)
+
+
+# ---------------------------------------------------------------- main
+
+
+def prepare(spec: str, workdir: str) -> list[tuple[str, int, list[Run]]]:
+  """Expands the sweep and writes workdir/sweep.json; a workdir keeps the sweep it began with."""
+  sweep = load_sweep(spec)
+  expanded = expand(sweep, workdir)
+  record = dict(file=spec, metrics=list(sweep['metrics']),
+                runs=[(label, seed, [dataclasses.asdict(r) for r in runs])
+                      for label, seed, runs in expanded])
+  path = os.path.join(workdir, SWEEP_FILE)
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      before = json.load(f)
+    if json.loads(json.dumps(record)) != before:
+      raise ValueError(f'{workdir} holds another sweep ({before["file"]}, or this file changed '
+                       'since): use a new --workdir, or delete its sweep.json to adopt the change.')
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  return expanded
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS.workdir or (not FLAGS.sweep and not FLAGS.summarize):
+    sys.exit('sweep.py: error: pass --sweep=configs/sweeps/<name>.py --workdir=DIR '
+             '(or --summarize --workdir=DIR).')
+  failed = []
+  try:
+    if not FLAGS.summarize:
+      runs = unique_runs(prepare(FLAGS.sweep, FLAGS.workdir))
+      if FLAGS.print_commands:
+        stage = None
+        for run in runs:
+          if run.stage != stage:
+            stage = run.stage
+            print(f'# stage {stage}' + (': after the stage above' if run.init_from else ''))
+          print(shlex.join(run.argv()))
+        return
+      failed = run_all(runs, FLAGS.workdir)
+    summarize(FLAGS.workdir)
+  except Interrupted as e:
+    sys.exit(f'sweep.py: {e}')
+  except ValueError as e:
+    sys.exit(f'sweep.py: error: {e}')
+  with open(os.path.join(FLAGS.workdir, 'results.md'), encoding='utf-8') as f:
+    print(f.read(), end='')
+  print(f'Wrote results.md, results.csv and plots to {FLAGS.workdir}.')
+  if failed:
+    sys.exit(f'sweep.py: {len(failed)} run(s) failed: ' +
+             ', '.join(r.workdir for r in failed) + f' (logs in {FLAGS.workdir}/logs).')
+
+if __name__ == '__main__':
+  app.run(main)

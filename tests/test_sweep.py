@@ -1,0 +1,211 @@
+"""sweep.py: expanding a sweep file, running it (with an interruption), its table and commands."""
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TWO_STAGES = '''
+def get_sweep(arg=''):
+  return dict(
+      stages=(('pretrain', 'configs/bert_base.py:tiny', {'train.num_steps': 10}),
+              ('finetune', 'configs/bert_finetune.py:offline_next', {})),
+      variants=(('base', {}), ('no nsp', {'pretrain.data.next_sentence_prediction': False})),
+      axes=(('finetune.optimizer.learning_rate', (1e-4, 3e-4)),),
+      seeds=(0, 1),
+      metrics=('eval_accuracy', 'eval_loss'))
+'''
+
+
+def _write(tmp_path, text, name='sweep_file.py'):
+  path = tmp_path / name
+  path.write_text(text)
+  return str(path)
+
+
+def test_variants_axes_and_seeds_expand_and_upstream_runs_are_shared(tmp_path):
+  spec = sweep.load_sweep(_write(tmp_path, TWO_STAGES))
+  expanded = sweep.expand(spec, 'W')
+  assert [(label, seed) for label, seed, _ in expanded] == [
+      ('base,learning_rate=0.0001', 0), ('base,learning_rate=0.0001', 1),
+      ('base,learning_rate=0.0003', 0), ('base,learning_rate=0.0003', 1),
+      ('no nsp,learning_rate=0.0001', 0), ('no nsp,learning_rate=0.0001', 1),
+      ('no nsp,learning_rate=0.0003', 0), ('no nsp,learning_rate=0.0003', 1)]
+  runs = sweep.unique_runs(expanded)
+  pretrain = [r for r in runs if r.stage == 'pretrain']
+  finetune = [r for r in runs if r.stage == 'finetune']
+  # One pretraining per (NSP setting, seed), shared by both learning rates; every fine-tuning
+  # starts from the pretraining of its own variant and seed.
+  assert sorted(r.workdir for r in pretrain) == sorted([
+      'W/pretrain/seed=0', 'W/pretrain/seed=1', 'W/pretrain/next_sentence_prediction=False,seed=0',
+      'W/pretrain/next_sentence_prediction=False,seed=1'])
+  assert len(finetune) == 8 and runs[:4] == pretrain
+  by_dir = {r.workdir: r for r in finetune}
+  run = by_dir['W/finetune/next_sentence_prediction=False,learning_rate=0.0003,seed=1']
+  assert run.init_from == 'W/pretrain/next_sentence_prediction=False,seed=1'
+  argv = run.argv()
+  assert argv[2] == '--config=' + os.path.relpath(os.path.join(ROOT, 'configs/bert_finetune.py')) \
+      + ':offline_next'
+  assert argv[3:] == ['--workdir=W/finetune/next_sentence_prediction=False,learning_rate=0.0003,'
+                      'seed=1', '--config.seed=1',
+                      '--config.init_from=W/pretrain/next_sentence_prediction=False,seed=1',
+                      '--config.optimizer.learning_rate=0.0003']
+  assert pretrain[2].argv()[-2:] == ['--config.train.num_steps=10',
+                                     '--config.data.next_sentence_prediction=False']
+
+
+@pytest.mark.parametrize('text,message', [
+    ("def get_sweep(arg=''):\n  return dict(stages=(), variants=(('a', {}),), metrics=('m',))",
+     'stages must be'),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/nope.py', {}),), "
+     "variants=(('a', {}),), metrics=('m',))", 'configs/nope.py does not exist'),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('a', 'configs/gpt.py:tiny', {}), "
+     "('b', 'configs/gpt_finetune.py', {})), variants=(('x', {'model.dropout': 0.0}),), "
+     "metrics=('m',))", "override 'model.dropout' names no stage"),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(), metrics=('m',))", 'variants is empty'),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(('a', {}),), metric=('m',))", "unknown sweep field(s) ['metric']"),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(('a', {'optimizer.learning_rat': 1.0}),), metrics=('m',))",
+     "stage s: --config.optimizer.learning_rat: the config has no field 'learning_rat'"),
+])
+def test_a_bad_sweep_file_is_one_line(tmp_path, text, message):
+  with pytest.raises(ValueError) as error:
+    sweep.load_sweep(_write(tmp_path, text))
+  assert message in str(error.value) and '\n' not in str(error.value)
+
+
+def _fake_run(workdir, evals, final, num_steps=4):
+  """A finished run's files as train.py writes them: config.json and metrics.jsonl."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump({'train': {'num_steps': num_steps}}, f)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for step, value in evals:
+      f.write(json.dumps({'step': step, 'loss': 1.0 / step}) + '\n')
+      f.write(json.dumps({'step': step, 'eval_accuracy': value}) + '\n')
+    f.write(json.dumps({'step': num_steps, 'results': {'eval_accuracy': final}}) + '\n')
+
+
+def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
+  text = TWO_STAGES.replace("axes=(('finetune.optimizer.learning_rate', (1e-4, 3e-4)),),", '')
+  text = text.replace("'eval_accuracy', 'eval_loss'", "'eval_accuracy',")
+  workdir = str(tmp_path / 'w')
+  expanded = sweep.prepare(_write(tmp_path, text), workdir)
+  finals = {'base': (0.6, 0.7), 'no nsp': (0.5, None)}  # one 'no nsp' run unfinished
+  for label, seed, runs in expanded:
+    final = finals[label][seed]
+    if final is not None:
+      _fake_run(runs[-1].workdir, [(2, final + 0.1), (4, final)], final)
+  rows = sweep.summarize(workdir)
+  assert [(r['variant'], r['runs']) for r in rows] == [('base', '2/2'), ('no nsp', '1/2')]
+  mean, std = rows[0]['eval_accuracy final']
+  assert math.isclose(mean, 0.65) and math.isclose(std, math.sqrt(2 * 0.05 ** 2))
+  best_mean, _ = rows[0]['eval_accuracy best']  # the best of each run is its step-2 value
+  assert math.isclose(best_mean, 0.75)
+  mean, std = rows[1]['eval_accuracy final']
+  assert math.isclose(mean, 0.5) and math.isnan(std)
+  table = (tmp_path / 'w' / 'results.md').read_text().splitlines()
+  assert table[2] == '| base | 2/2 | 0.6500 ± 0.0707 | 0.7500 ± 0.0707 |'
+  assert table[3] == '| no nsp | 1/2 | 0.5000 | 0.6000 |'
+  csv_lines = (tmp_path / 'w' / 'results.csv').read_text().splitlines()
+  assert csv_lines[1].startswith('base,2/2,0.65,0.0707107,0.75,0.0707107')
+  for png in ('learning_curves.png', 'final_eval_accuracy.png'):
+    assert (tmp_path / 'w' / png).read_bytes()[:4] == b'\x89PNG'
+  # The same workdir refuses another sweep.
+  with pytest.raises(ValueError, match='holds another sweep'):
+    sweep.prepare(_write(tmp_path, TWO_STAGES, 'other.py'), workdir)
+
+
+MICRO = '''
+def get_sweep(arg=''):
+  base = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
+          'model.num_heads': 2, 'model.mlp_dim': 64, 'data.max_seq_length': 32,
+          'train.batch_size': 8, 'train.num_steps': 120, 'train.log_every': 10,
+          'train.eval_every': 60, 'train.eval_steps': 2, 'train.checkpoint_every': 60,
+          'optimizer.warmup_steps': 10}}
+  return dict(stages=(('lm', 'configs/gpt.py:tiny', base),),
+              variants=(('lr 1e-3', {{}}), ('lr 3e-3', {{'optimizer.learning_rate': 3e-3}})),
+              seeds=(0, 1), metrics=('eval_loss',))
+'''
+
+
+def _sweep(*args):
+  return [sys.executable, os.path.join(ROOT, 'sweep.py')] + list(args)
+
+
+def _results(workdir):
+  lines, results = sweep.read_metrics(workdir)
+  return lines, results
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_resumes_after_an_interruption_and_prints_its_commands(
+    tmp_path, shared_data_dir, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  spec = _write(tmp_path, MICRO.format(data_dir=shared_data_dir))
+  workdir = 'runs'
+  # Interrupted (SIGTERM, as a scheduler's preemption) once the second run has taken steps.
+  process = subprocess.Popen(_sweep(f'--sweep={spec}', f'--workdir={workdir}'),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  second_log = 'runs/logs/lm__seed=1.log'
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if os.path.exists(second_log) and 'step 10/120' in open(second_log).read():
+      process.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.05)
+  output = process.communicate(timeout=300)[0]
+  assert process.returncode != 0, output
+  assert 'the same sweep command goes on from there' in output, output
+  assert sweep.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
+  stopped_at = [json.loads(line)['step'] for line in open('runs/lm/seed=1/metrics.jsonl')]
+  assert 10 <= max(stopped_at) < 120
+
+  again = subprocess.run(_sweep(f'--sweep={spec}', f'--workdir={workdir}'), capture_output=True,
+                         text=True, check=False)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert '[1/4] lm seed=0: finished before, skipped.' in again.stdout
+  assert 'Resuming from step' in open(second_log).read()
+  first_log = open('runs/logs/lm__seed=0.log').read()
+  assert first_log.count('starting at step') == 1  # the finished run was not run again
+
+  # The table's figures are the runs' own final eval losses.
+  rows = sweep.summarize(workdir)
+  assert [(r['variant'], r['runs']) for r in rows] == [('lr 1e-3', '2/2'), ('lr 3e-3', '2/2')]
+  for row, prefix in zip(rows, ('runs/lm/', 'runs/lm/learning_rate=0.003,')):
+    finals = [_results(f'{prefix}seed={s}')[1]['eval_loss'] for s in (0, 1)]
+    mean = sum(finals) / 2
+    std = math.sqrt(sum((f - mean) ** 2 for f in finals))
+    assert math.isclose(row['eval_loss final'][0], mean, rel_tol=1e-9)
+    assert math.isclose(row['eval_loss final'][1], std, rel_tol=1e-9)
+    assert finals[0] != finals[1]  # the seeds differ
+  assert f'| lr 1e-3 | 2/2 | {rows[0]["eval_loss final"][0]:.4f} ± ' in again.stdout
+  summary = subprocess.run(_sweep('--summarize', f'--workdir={workdir}'), capture_output=True,
+                           text=True, check=True)
+  assert summary.stdout.splitlines()[:4] == again.stdout.splitlines()[-5:-1]
+
+  # --print_commands: each line, run by hand, makes the same run.
+  printed = subprocess.run(_sweep(f'--sweep={spec}', '--workdir=by_hand', '--print_commands'),
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+  commands = [line for line in printed if not line.startswith('#')]
+  assert len(commands) == 4 and all(c.startswith('python ') for c in commands)
+  command = next(c for c in commands if 'learning_rate=0.003,seed=1' in c)
+  argv = shlex.split(command)
+  subprocess.run([sys.executable] + argv[1:], check=True, capture_output=True)
+  by_hand, _ = _results('by_hand/lm/learning_rate=0.003,seed=1')
+  swept, _ = _results('runs/lm/learning_rate=0.003,seed=1')
+  strip = lambda lines: [{k: v for k, v in line.items() if k not in ('time', 'tokens_per_sec')}
+                         for line in lines]
+  assert strip(by_hand) == strip(swept)
