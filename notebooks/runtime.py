@@ -62,7 +62,13 @@ def install(root: str) -> None:
     path = os.path.join(root, '.notebook_constraints.txt')
     with open(path, 'w', encoding='utf-8') as f:
       f.write('\n'.join(constraints) + '\n')
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', *todo, '-c', path], check=True)
+    done = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', *todo, '-c', path],
+                          check=False)
+    if done.returncode:
+      raise SystemExit(f'pip could not install {" ".join(todo)} beside the runtime\'s '
+                       f'{", ".join(constraints)} (see above): the project pins '
+                       f'{dict(pins(os.path.join(root, "requirements.txt"))).get("jax")} for jax; '
+                       'pick a runtime with a jax at least that new.')
   else:
     print('Every requirement is installed.', flush=True)
   if root not in sys.path:
