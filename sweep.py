@@ -255,6 +255,9 @@ def run_all(runs: list[Run], workdir: str) -> list[Run]:
   previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
     for index, run in enumerate(runs, 1):
+      if stopping:
+        raise Interrupted(f'stopped before {run.workdir}; the same sweep command goes on from '
+                          'there.')
       head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
       if run.init_from and run.init_from in {r.workdir for r in failed}:
         print(f'{head}: skipped, its {run.init_from} failed.', flush=True)

@@ -405,6 +405,8 @@ def evaluate(run: 'Run', params) -> dict[str, float]:
   config, batches, mesh = run.config, run.eval_data, run.mesh
   batches.set_state(run.eval_start)
   steps = config.train.eval_steps or batches.steps_per_epoch
+  # Scored on the host only over whole passes (fine-tuning's eval_steps=0): a task's metric
+  # is over all of its examples, and an unseen SQuAD question would count as wrong.
   whole_pass = steps >= (batches.steps_per_epoch or steps + 1)
   totals, predicted = {}, []
   for _ in range(steps):
