@@ -432,7 +432,7 @@ def prepare(spec: str, workdir: str) -> list[tuple[str, int, list[Run]]]:
   if os.path.exists(path):
     with open(path, encoding='utf-8') as f:
       before = json.load(f)
-    if json.loads(json.dumps(record)) != before:
+    if json.loads(json.dumps(record['runs'])) != before['runs']:  # metrics may change
       raise ValueError(f'{workdir} holds another sweep ({before["file"]}, or this file changed '
                        'since): use a new --workdir, or delete its sweep.json to adopt the change.')
   os.makedirs(workdir, exist_ok=True)

@@ -18,4 +18,4 @@ def get_sweep(arg: str = 'tiny'):
                {'train.num_steps': 300} if tiny else {})),
       variants=(('lambda 0.5 (the paper)', {}), ('lambda 0', {'finetune.loss.lm_coef': 0.0})),
       seeds=(0, 1),
-      metrics=('eval_accuracy', 'eval_loss'))
+      metrics=('eval_accuracy', 'eval_task_loss', 'eval_lm_perplexity'))
