@@ -1,10 +1,11 @@
-"""BERT end to end: every fine-tuning head beats its offline task's trivial baseline (sec. 4, 5.3).
+"""BERT end to end: tiny pretraining learns, and every fine-tuning head beats its offline
+task's trivial baseline after it (sec. 4, 5.3).
 
-One subprocess (one device, so the steps are not split over 8 simulated
-devices on 2 cores) pretrains configs/bert_base.py:tiny for 200 steps, then
-fine-tunes it with configs/bert_finetune.py on the four offline tasks: one
-sentence, a pair, spans and tagging. Each run ends with the results line
-that the tests read.
+Subprocesses on one device (8 simulated devices on 2 cores would take half as long again):
+the README's main job, `train.py --config=configs/bert_base.py:tiny`, for 300 steps at half
+its sequence length, then configs/bert_finetune.py on three offline tasks from it: a pair
+(the sentence-classification head with segment ids), spans and tagging. Each run ends with the
+results line that the tests read.
 """
 
 import json
@@ -12,24 +13,22 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRETRAIN_STEPS, FINETUNE_STEPS = 200, 200
-TASKS = ('offline_shuffled', 'offline_next', 'offline_capitalized', 'offline_span')
+PRETRAIN_STEPS, FINETUNE_STEPS = 300, 200
+TASKS = ('offline_next', 'offline_capitalized', 'offline_span')
+_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
 
 _RUN = """
 import os, sys
 import train
-from configs import bert_base, bert_finetune
-root, data_dir, pretrain_steps, finetune_steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-config = bert_base.get_config('tiny')
-config.data.data_dir = data_dir
-config.train.update(num_steps=pretrain_steps, eval_every=pretrain_steps, checkpoint_every=pretrain_steps)
-train.train_and_evaluate(config, os.path.join(root, 'bert'))
+from configs import bert_finetune
+root, pretrained, data_dir, finetune_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 for task in sys.argv[5:]:
   config = bert_finetune.get_config(task)
-  config.init_from = os.path.join(root, 'bert')
+  config.init_from = pretrained
   config.data.data_dir = data_dir
   config.data.update(max_train_examples=2000, max_eval_examples=400, max_examples=3000)
   config.train.update(num_steps=finetune_steps, eval_every=finetune_steps,
@@ -39,17 +38,50 @@ for task in sys.argv[5:]:
 """
 
 
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
+
+
 @pytest.fixture(scope='module')
-def runs(shared_data_dir, tmp_path_factory):
-  root = str(tmp_path_factory.mktemp('bert_finetune'))
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_PLATFORMS='cpu')
+def pretrained(shared_data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('bert_tiny')
   result = subprocess.run(
-      [sys.executable, '-c', _RUN, root, shared_data_dir, str(PRETRAIN_STEPS),
-       str(FINETUNE_STEPS), *TASKS], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=900, check=False)
+      [sys.executable, 'train.py', '--config=configs/bert_base.py:tiny', f'--workdir={workdir}',
+       f'--config.data.data_dir={shared_data_dir}', f'--config.train.num_steps={PRETRAIN_STEPS}',
+       f'--config.train.eval_every={PRETRAIN_STEPS}',
+       f'--config.train.checkpoint_every={PRETRAIN_STEPS}', '--config.optimizer.warmup_steps=30',
+       '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10'],
+      cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def runs(pretrained, shared_data_dir, tmp_path_factory):
+  root = str(tmp_path_factory.mktemp('bert_finetune'))
+  result = subprocess.run(
+      [sys.executable, '-c', _RUN, root, str(pretrained), shared_data_dir, str(FINETUNE_STEPS),
+       *TASKS], cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return root
+
+
+@pytest.mark.slow
+def test_tiny_pretraining_learns_on_embedded_corpus(pretrained):
+  # The loss falls and MLM accuracy rises; the workdir holds what fine-tuning reads.
+  logged = [m for m in read_metrics(pretrained) if 'loss' in m]
+  first, last = logged[0], logged[-1]
+  print(f"loss {first['loss']:.3f} -> {last['loss']:.3f}, "
+        f"mlm_accuracy {first['mlm_accuracy']:.3f} -> {last['mlm_accuracy']:.3f}")
+  assert last['step'] == PRETRAIN_STEPS
+  assert last['loss'] < first['loss'] - 1.5
+  assert last['mlm_accuracy'] > first['mlm_accuracy'] + 0.03
+  evals = [m for m in read_metrics(pretrained) if 'eval_loss' in m]
+  assert evals and np.isfinite(evals[-1]['eval_loss'])
+  assert (pretrained / 'checkpoints' / str(PRETRAIN_STEPS)).exists()
+  assert (pretrained / 'config.json').exists() and (pretrained / 'vocab.txt').exists()
+  assert any(name.startswith('events') for name in os.listdir(pretrained / 'tensorboard'))
 
 
 def results(root, task):
@@ -60,12 +92,11 @@ def results(root, task):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('task', ['offline_shuffled', 'offline_next'])
-def test_sentence_and_pair_classification_beat_the_majority_class(runs, task):
-  # Both tasks have balanced labels (input_pipeline/offline_tasks.py): the majority is 0.5,
+def test_pair_classification_beats_the_majority_class(runs):
+  # The task's labels are balanced (input_pipeline/offline_tasks.py): the majority is 0.5,
   # and 0.56 is over two standard errors above it on these 400 eval examples.
-  scores = results(runs, task)
-  print(f'BERT tiny ({PRETRAIN_STEPS} pretraining steps), {task}, {FINETUNE_STEPS} steps: {scores}')
+  scores = results(runs, 'offline_next')
+  print(f'BERT tiny ({PRETRAIN_STEPS} pretraining steps), offline_next, {FINETUNE_STEPS} steps: {scores}')
   assert scores['eval_accuracy'] > 0.56
   assert 0.0 < scores['eval_f1'] <= 1.0 and scores['eval_matthews_corr'] > 0.1
 

@@ -14,7 +14,6 @@ import pytest
 import input_pipeline
 import train
 from models import gpt
-from configs import gpt as gpt_configs
 from configs import gpt_finetune as finetune_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +29,8 @@ def read_metrics(workdir):
     return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
 
 
-# One device: 8 simulated devices on 2 cores would double the time of these steps.
+# Subprocesses on one device: 8 simulated devices on 2 cores would double the time of these steps.
+_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
 PRETRAIN_STEPS = 200
 _PRETRAIN = """
 import sys
@@ -40,16 +40,25 @@ config = gpt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
 train.train_and_evaluate(config, sys.argv[1], stop_after_steps=int(sys.argv[3]))
 """
+_FINETUNE = """
+import sys
+import train
+from configs import gpt_finetune
+config = gpt_finetune.get_config('offline_shuffled,tiny')
+config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
+# The corpus's sentences are short: 48 tokens keep almost all of them whole.
+config.data.update(max_examples=4000, max_seq_length=48)
+config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)
+train.train_and_evaluate(config, sys.argv[1])
+"""
 
 
 @pytest.fixture(scope='session')
 def pretrained(data_dir, tmp_path_factory):
   """The first 200 steps of configs/gpt.py:tiny (the issue's learning check), shared below."""
   workdir = str(tmp_path_factory.mktemp('gpt_tiny'))
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_PLATFORMS='cpu')
   result = subprocess.run([sys.executable, '-c', _PRETRAIN, workdir, data_dir, str(PRETRAIN_STEPS)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+                          cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
 
@@ -79,11 +88,9 @@ def finetune_config(task, pretrained, data_dir, **overrides):
 
 @pytest.mark.slow
 def test_finetuning_from_pretrained_beats_the_majority_class(pretrained, data_dir, tmp_path):
-  config = finetune_config('offline_shuffled', pretrained, data_dir)
-  # The corpus's sentences are short: 48 tokens keep almost all of them whole.
-  config.data.update(max_examples=4000, max_seq_length=48)
-  config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)
-  train.train_and_evaluate(config, str(tmp_path))
+  result = subprocess.run([sys.executable, '-c', _FINETUNE, str(tmp_path), pretrained, data_dir],
+                          cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
   final = [m for m in read_metrics(tmp_path) if 'eval_accuracy' in m][-1]
   print(f"offline_shuffled eval accuracy {final['eval_accuracy']:.3f}")
   assert final['eval_accuracy'] > 0.6  # the task is balanced: the majority class scores 0.5

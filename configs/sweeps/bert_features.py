@@ -6,7 +6,8 @@ sec. 5.3), a 2-layer biLSTM tagger over a frozen BERT's features.
 
 The argument is SIZE[,TASK] (a configs/bert_base.py size; a tagging task of
 configs/bert_feature_tagger.py, offline_capitalized by default). The last-four choices need
-four layers: tiny pretrains a 4-layer tiny BERT.
+four layers: tiny pretrains a 4-layer tiny BERT, and its taggers' biLSTMs have 128 units a
+direction (the paper's 768 is for BERT-base).
 """
 
 LAYERS = ('embeddings', 'second_to_last', 'last', 'sum_last_four', 'concat_last_four',
@@ -20,7 +21,7 @@ def get_sweep(arg: str = 'tiny'):
       stages=(('pretrain', f'configs/bert_base.py:{size}',
                {'model.num_layers': 4, 'train.num_steps': 600} if tiny else {}),
               ('features', f'configs/bert_feature_tagger.py:{task or "offline_capitalized"}',
-               {'train.num_steps': 300} if tiny else {})),
+               {'train.num_steps': 300, 'model.task_lstm_dim': 128} if tiny else {})),
       variants=tuple((layers, {'features.model.feature_layers': layers}) for layers in LAYERS),
       seeds=(0, 1),
       metrics=('eval_span_f1', 'eval_accuracy'))
