@@ -43,6 +43,13 @@ def pytest_configure(config):
   config.addinivalue_line('markers', 'slow: slower end-to-end tests (kept in CI)')
 
 
+def pytest_collection_modifyitems(items):
+  """Files with slow tests first: the xdist workers take files in this order (--dist loadfile),
+  so the long end-to-end files start early and the quick ones fill in at the end."""
+  slow_files = {item.path for item in items if item.get_closest_marker('slow')}
+  items.sort(key=lambda item: item.path not in slow_files)  # stable: file order kept within
+
+
 def pytest_unconfigure(config):
   del config
   if _OWN_CACHE:

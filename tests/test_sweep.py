@@ -1,5 +1,6 @@
 """sweep.py: expanding a sweep file, running it (with an interruption), its table and commands."""
 
+import glob
 import json
 import math
 import os
@@ -62,6 +63,21 @@ def test_variants_axes_and_seeds_expand_and_upstream_runs_are_shared(tmp_path):
                       '--config.optimizer.learning_rate=0.0003']
   assert pretrain[2].argv()[-2:] == ['--config.train.num_steps=10',
                                      '--config.data.next_sentence_prediction=False']
+
+
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, 'configs', 'sweeps', '*.py')))
+
+
+@pytest.mark.parametrize('path', SHIPPED, ids=os.path.basename)
+def test_each_shipped_sweep_loads_and_gives_every_variant_and_seed_its_own_run(path, tmp_path):
+  # load_sweep checks every override against its stage's config (a misspelled field fails).
+  loaded = sweep.load_sweep(path)
+  expanded = sweep.expand(loaded, str(tmp_path))
+  points = math.prod(len(values) for _, values in loaded['axes'])
+  assert len(expanded) == len(loaded['variants']) * points * len(loaded['seeds'])
+  last_stage = [runs[-1].workdir for _, _, runs in expanded]
+  assert len(set(last_stage)) == len(last_stage)
+  assert len({label for label, _, _ in expanded}) == len(expanded) // len(loaded['seeds'])
 
 
 @pytest.mark.parametrize('text,message', [
