@@ -47,7 +47,8 @@ class TrainState:
 # Config checks: every mistake a user can make is caught here, before compiling.
 # ----------------------------------------------------------------------------
 
-def model_config(config) -> Any:
+def model_config(config, platform: str | None = None) -> Any:
+  """The model's Config; dtype 'auto' resolves for `platform` (default: this process's backend)."""
   module = importlib.import_module(f'models.{config.model_name}')
   known = {f.name for f in dataclasses.fields(module.Config)}
   unknown = sorted(set(config.model.keys()) - known)
@@ -55,14 +56,22 @@ def model_config(config) -> Any:
     raise ValueError(f'config.model has unknown fields {unknown}: remove them or use one of '
                      f'{sorted(known)}.')
   fields = config.model.to_dict()
+  platform = platform or jax.default_backend()
   if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
-    fields['dtype'] = 'float32' if jax.default_backend() == 'cpu' else 'bfloat16'
+    fields['dtype'] = 'float32' if platform == 'cpu' else 'bfloat16'
+  if fields.get('attention') == 'auto':  # the kernel has no dropout on attention probabilities
+    fields['attention'] = ('flash' if platform == 'tpu' and not fields['attention_dropout_rate']
+                           else 'xla')
+  if fields.get('attention') == 'flash' and platform != 'tpu':
+    raise ValueError(f'model.attention=flash is a TPU kernel and this runs on {platform}: use '
+                     'model.attention=auto or xla.')
   return module.Config(**fields)
 
 
-def validate(config, mesh) -> None:
-  """Raises ValueError with one line naming the fix."""
-  model_config(config)  # the model's Config checks its own fields
+def validate(config, mesh, num_hosts: int | None = None) -> None:
+  """Raises ValueError with one line naming the fix; `num_hosts` defaults to this job's."""
+  num_hosts = num_hosts or jax.process_count()
+  model_config(config, mesh.devices.flat[0].platform)  # the model's Config checks its own fields
   seq_len = config.data.get('max_seq_length')
   positions = config.model.get('max_position_embeddings')
   if seq_len and positions and seq_len > positions:
@@ -74,9 +83,9 @@ def validate(config, mesh) -> None:
     raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the data-parallel '
                      f'size {dp} (data x fsdp) times train.grad_accum_steps='
                      f'{tc.grad_accum_steps}: use a multiple of {dp * tc.grad_accum_steps}.')
-  if tc.batch_size % jax.process_count():
+  if tc.batch_size % num_hosts:
     raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the '
-                     f'{jax.process_count()} hosts: use a multiple of {jax.process_count()}.')
+                     f'{num_hosts} hosts: use a multiple of {num_hosts}.')
   if tc.eval_steps and config.data.get('pipeline') in input_pipeline.SCORED:
     raise ValueError(f'train.eval_steps={tc.eval_steps}: a task is scored over its whole eval '
                      'split (EM/F1, span F1, MCC need every example): set train.eval_steps=0.')
@@ -106,9 +115,9 @@ def validate(config, mesh) -> None:
   model_module = importlib.import_module(f'models.{config.model_name}')
   if hasattr(model_module, 'check_config'):
     model_module.check_config(config)
-  if dp % jax.process_count():
+  if dp % num_hosts:
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
-                     f'{jax.process_count()} hosts, so hosts would share batch shards: '
+                     f'{num_hosts} hosts, so hosts would share batch shards: '
                      'give data or fsdp more devices in config.mesh.')
 
 
@@ -226,7 +235,7 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def _param_name(path) -> str:
+def param_name(path) -> str:
   """'a/b/c' for the parameter at params['a']['b']['c'] (boxes' attributes left out)."""
   return '/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
@@ -240,7 +249,7 @@ def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
   ELMo tagger without ELMo has no 'bilm').
   """
   def label(path, _):
-    name = _param_name(path)
+    name = param_name(path)
     return 'frozen' if any(name == f or name.startswith(f + '/') for f in frozen) else 'trained'
 
   def labels(params):  # a prefix of the params tree (boxed leaves stay whole)
@@ -282,7 +291,7 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
 def check_frozen(frozen: tuple[str, ...], params: Any) -> None:
   """Each optimizer.frozen path names parameters, so that a typo cannot freeze nothing; a
   single top-level name may be absent (the ELMo tagger without ELMo has no 'bilm')."""
-  names = [_param_name(path)
+  names = [param_name(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]]
   for name in frozen:
     if '/' not in name and name not in {n.split('/')[0] for n in names}:
@@ -293,8 +302,10 @@ def check_frozen(frozen: tuple[str, ...], params: Any) -> None:
 
 
 def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
-                 frozen: tuple[str, ...] = ()) -> tuple[TrainState, Any]:
-  """Initializes params and optimizer state directly on their shards."""
+                 frozen: tuple[str, ...] = (), materialize: bool = True
+                 ) -> tuple[TrainState, Any]:
+  """Initializes params and optimizer state directly on their shards; without `materialize`,
+  the state's shapes, dtypes and shardings only (jax.ShapeDtypeStruct leaves, nothing run)."""
   def init(rng):
     params = model.init({'params': rng}, example_batch, deterministic=True)['params']
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
@@ -304,6 +315,9 @@ def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
     abstract = jax.eval_shape(init, rng)
   check_frozen(frozen, abstract.params)  # before anything is compiled
   shardings = sharding.logical_shardings(abstract, mesh, rules)
+  if not materialize:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        nn.meta.unbox(abstract), shardings), shardings
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
   return state, shardings
@@ -480,9 +494,13 @@ class Run:
   eval_start: dict
 
 
-def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Callable]:
-  """Objective, schedule, freshly initialized sharded state, and the jitted train/eval steps."""
-  model = importlib.import_module(f'models.{config.model_name}').Model(model_config(config))
+def build(config, mesh, materialize: bool = True
+          ) -> tuple[Any, optax.Schedule, TrainState, Callable, Callable]:
+  """Objective, schedule, freshly initialized sharded state (abstract without `materialize`),
+  and the jitted train/eval steps, for the platform of the mesh's devices."""
+  platform = mesh.devices.flat[0].platform
+  model = importlib.import_module(f'models.{config.model_name}').Model(
+      model_config(config, platform))
   objective = importlib.import_module(f'objectives.{config.objective}')
   # Options of the objective (e.g. GPT's auxiliary LM weight) live in config.loss.
   loss_fn = functools.partial(objective.loss_fn, **config.get('loss', {}))
@@ -491,7 +509,8 @@ def build(config, mesh) -> tuple[Any, optax.Schedule, TrainState, Callable, Call
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
   state, state_shardings = create_state(model, tx, example, config.seed, mesh,
                                         config.logical_axis_rules,
-                                        tuple(config.optimizer.get('frozen', ())))
+                                        tuple(config.optimizer.get('frozen', ())),
+                                        materialize)
   predict = (objective.predict if config.data.pipeline in input_pipeline.SCORED
              and hasattr(objective, 'predict') else None)
   return (objective, schedule, state,

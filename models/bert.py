@@ -42,6 +42,7 @@ class Config:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   dtype: str = 'float32'
+  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
   scan_layers: bool = False
   remat: bool = False
   num_labels: int = 0  # 0 = no fine-tuning head; classes, 1 = regression, 2 for 'span'
@@ -49,6 +50,7 @@ class Config:
 
   def __post_init__(self):
     layers.check_heads(self.hidden_size, self.num_heads)
+    layers.check_attention(self.attention, self.attention_dropout_rate)
     if self.head not in HEADS:
       raise ValueError(f'model.head={self.head!r} is unknown: use one of {HEADS}.')
     if self.head == 'span' and self.num_labels not in (0, 2):
@@ -88,8 +90,10 @@ class Model(nn.Module):
         layers.PostLNBlock, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
         dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
         layer_norm_eps=cfg.layer_norm_eps, init_stddev=cfg.initializer_range, dtype=dtype)
+    mask_B11S = (layers.SegmentMask(batch['input_mask'], batch['input_mask'])
+                 if cfg.attention == 'flash' else layers.padding_mask(batch['input_mask']))
     hidden = layers.run_layers(
-        block, cfg.num_layers, x_BLD, layers.padding_mask(batch['input_mask']),
+        block, cfg.num_layers, x_BLD, mask_B11S,
         deterministic=deterministic, scan=cfg.scan_layers, remat=cfg.remat)
     out_BLD = hidden[-1]
 

@@ -66,7 +66,8 @@ class CharCNN(nn.Module):
     fan_in_init = nn.initializers.normal(N ** -0.5)
     for i in range(self.num_highway):
       # One matmul for both halves, the gate (g = 0) and the transform (g = 1).
-      kernel = self._param(f'highway_{i}_kernel', fan_in_init, (N, 2, N), (None, None, 'filters'))
+      # Its input axis is FSDP's ('embed'): 2 x 2048^2 floats each at the paper's size.
+      kernel = self._param(f'highway_{i}_kernel', fan_in_init, (N, 2, N), ('embed', None, 'filters'))
       bias = self._param(f'highway_{i}_bias', _highway_bias_init, (2, N), (None, 'filters'))
       z_BLGN = jnp.einsum('BLN,NGM->BLGM', x_BLN, kernel.astype(self.dtype))
       z_BLGN = z_BLGN + bias.astype(self.dtype)

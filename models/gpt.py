@@ -37,6 +37,7 @@ class Config:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-5
   dtype: str = 'float32'
+  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
   scan_layers: bool = False
   remat: bool = False
   num_labels: int = 0  # 0 = no task head
@@ -45,6 +46,7 @@ class Config:
 
   def __post_init__(self):
     layers.check_heads(self.hidden_size, self.num_heads)
+    layers.check_attention(self.attention, self.attention_dropout_rate)
     if self.head not in HEADS:
       raise ValueError(f'model.head={self.head!r} is unknown: use one of {HEADS}.')
 
@@ -77,6 +79,10 @@ class Model(nn.Module):
     if decode:
       valid_NL = segment_ids_NL > 0 if segment_ids_NL is not None else jnp.ones_like(ids_NL, bool)
       mask_N1LS, positions_NL = layers.DecodeMask(name='decode_mask')(valid_NL)
+    elif cfg.attention == 'flash':  # without segment ids, a row is one piece
+      pieces_NL = segment_ids_NL if segment_ids_NL is not None else jnp.ones_like(ids_NL)
+      mask_N1LS = layers.SegmentMask(pieces_NL, pieces_NL, causal=True)
+      positions_NL = jnp.arange(L)[None]
     elif segment_ids_NL is None:
       mask_N1LS, positions_NL = layers.causal_mask(L), jnp.arange(L)[None]
     else:

@@ -12,8 +12,10 @@ Shape legend for names such as `x_BLD`:
 import functools
 from typing import Any, Callable, Sequence
 
+import flax
 import flax.linen as nn
 import jax
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 import jax.numpy as jnp
 
 Array = jax.Array
@@ -27,6 +29,19 @@ def check_heads(hidden_size: int, num_heads: int) -> None:
   if hidden_size % num_heads:
     raise ValueError(f'model.hidden_size={hidden_size} is not divisible by '
                      f'model.num_heads={num_heads}: pick a head count that divides it.')
+
+
+ATTENTION_KERNELS = ('auto', 'xla', 'flash')
+
+
+def check_attention(attention: str, attention_dropout_rate: float) -> None:
+  """A model Config's check of its attention kernel (train.model_config resolves 'auto')."""
+  if attention not in ATTENTION_KERNELS:
+    raise ValueError(f'model.attention={attention!r}: use one of {ATTENTION_KERNELS}.')
+  if attention == 'flash' and attention_dropout_rate:
+    raise ValueError(f'model.attention=flash has no dropout on the attention probabilities but '
+                     f'model.attention_dropout_rate={attention_dropout_rate}: set it to 0 or '
+                     'use model.attention=xla.')
 
 
 def truncated_normal(stddev: float) -> Initializer:
@@ -118,10 +133,57 @@ def segment_causal_mask(segment_ids_BL: Array) -> Array:
   return causal_mask(segment_ids_BL.shape[1]) & (same_BLS & real_B1S)[:, None]
 
 
+@flax.struct.dataclass
+class SegmentMask:
+  """Who attends to whom as segment ids, the form TPU flash attention takes instead of a dense
+  mask: query i sees key j where their ids are equal (and, if causal, j <= i). Padding has id 0
+  in both, so real queries never see it; padding queries see padding only (their outputs are
+  never read)."""
+  q_BL: Array
+  kv_BS: Array
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def dense(self) -> Array:
+    """The boolean (B, 1, L, S) mask of dot_product_attention (padding queries see nothing)."""
+    mask_BLS = (self.q_BL[:, :, None] == self.kv_BS[:, None, :]) & (self.kv_BS > 0)[:, None, :]
+    return mask_BLS[:, None] & causal_mask(self.q_BL.shape[1]) if self.causal else mask_BLS[:, None]
+
+
+def flash_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask) -> Array:
+  """The Pallas TPU flash attention kernel (jax.experimental.pallas.ops.tpu), run on each
+  device's shard of the batch and heads; the same function as dot_product_attention."""
+  L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
+  if L % 128 or S % 128:  # the kernel tiles segment ids by 128 keys: other lengths take XLA's
+    return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask.dense())
+  blocks = tpu_flash.BlockSizes(
+      block_q=min(128, L), block_k_major=min(128, S), block_k=min(128, S), block_b=1,
+      block_q_major_dkv=min(128, L), block_k_major_dkv=min(128, S), block_k_dkv=min(128, S),
+      block_q_dkv=min(128, L), block_k_major_dq=min(128, S), block_k_dq=min(128, S),
+      block_q_dq=min(128, L))
+
+  def attend(q_BHLK, k_BHSK, v_BHSK, q_ids_BL, kv_ids_BS):
+    return tpu_flash.flash_attention(
+        q_BHLK, k_BHSK, v_BHSK, segment_ids=tpu_flash.SegmentIds(q_ids_BL, kv_ids_BS),
+        causal=mask.causal, sm_scale=K ** -0.5, block_sizes=blocks)
+
+  heads = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  (B, L, H, K) <-> (B, H, L, K)
+  args = (heads(q_BLHK), heads(k_BSHK), heads(v_BSHK), mask.q_BL, mask.kv_BS)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:  # shapes only (model.init under eval_shape), or one device
+    return heads(attend(*args))
+  # A Pallas kernel is not partitioned by XLA: each device runs it on its own shard.
+  spec_BHLK = nn.logical_to_mesh_axes(('batch', 'act_heads', None, None))
+  spec_BL = nn.logical_to_mesh_axes(('batch', None))
+  out_BHLK = jax.shard_map(attend, mesh=mesh, in_specs=(spec_BHLK,) * 3 + (spec_BL,) * 2,
+                           out_specs=spec_BHLK, check_vma=False)(*args)
+  return heads(out_BHLK)
+
+
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product multi-head attention (Vaswani et al. 2017, sec. 3.2).
 
-  `mask` is boolean, broadcastable to (B, 1, L, S). With `decode`, this is
+  `mask` is boolean, broadcastable to (B, 1, L, S), or a SegmentMask, which
+  runs the TPU flash attention kernel (model.attention=flash). With `decode`, this is
   self-attention over a key/value cache (collection 'cache', made by `init`
   with the full-length input; zeros, see decoding.init_cache): each call
   appends its L new keys/values at `cache_index` and attends over all S
@@ -150,7 +212,9 @@ class MultiHeadAttention(nn.Module):
     q_BLHK = nn.with_logical_constraint(q_BLHK, ('batch', 'length', 'act_heads', 'kv'))
     if self.decode:
       k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
-    if deterministic or self.dropout_rate == 0.0:
+    if isinstance(mask_B11S, SegmentMask):  # check_attention rules out attention dropout
+      out_BLHK = flash_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
+    elif deterministic or self.dropout_rate == 0.0:
       out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B11S)
     else:
       out_BLHK = self._attend_with_dropout(q_BLHK, k_BSHK, v_BSHK, mask_B11S)

@@ -42,11 +42,13 @@ class Config:
   max_position_embeddings: int = 256  # the learned table's size; sinusoids take any length
   share_embeddings: bool = True  # source, target and pre-softmax matrices are one (sec. 3.4)
   dtype: str = 'float32'
+  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
   scan_layers: bool = False
   remat: bool = False
 
   def __post_init__(self):
     layers.check_heads(self.hidden_size, self.num_heads)
+    layers.check_attention(self.attention, self.attention_dropout_rate)
     if self.positions not in POSITIONS:
       raise ValueError(f'model.positions={self.positions!r} is unknown: use one of {POSITIONS}.')
 
@@ -148,8 +150,11 @@ class Model(nn.Module):
     self._check_length(ids_BS.shape[1], 'source')
     segments_BS = _segments(batch, 'source', ids_BS)
     positions_BS = _positions(batch, 'source', ids_BS)
-    mask_B1SS = (segments_BS[:, :, None] == segments_BS[:, None, :])[:, None]
-    mask_B1SS &= layers.padding_mask(segments_BS)
+    if self.config.attention == 'flash':
+      mask_B1SS = layers.SegmentMask(segments_BS, segments_BS)
+    else:
+      mask_B1SS = (segments_BS[:, :, None] == segments_BS[:, None, :])[:, None]
+      mask_B1SS &= layers.padding_mask(segments_BS)
     x_BSD = self._inputs(self.source_embed, ids_BS, positions_BS, deterministic)
     return self.encoder(x_BSD, mask_B1SS, deterministic=deterministic)[-1]
 
@@ -171,10 +176,14 @@ class Model(nn.Module):
       self._check_length(ids_BL.shape[1], 'target')
       target_segments_BL = _segments(batch, 'target', ids_BL)
       positions_BL = _positions(batch, 'target', ids_BL)
-      self_mask = layers.segment_causal_mask(target_segments_BL)
       # Each target piece attends to its own source piece only.
-      cross_mask = (target_segments_BL[:, :, None] == source_segments_BS[:, None, :])[:, None]
-      cross_mask &= layers.padding_mask(source_segments_BS)
+      if self.config.attention == 'flash':
+        self_mask = layers.SegmentMask(target_segments_BL, target_segments_BL, causal=True)
+        cross_mask = layers.SegmentMask(target_segments_BL, source_segments_BS)
+      else:
+        self_mask = layers.segment_causal_mask(target_segments_BL)
+        cross_mask = (target_segments_BL[:, :, None] == source_segments_BS[:, None, :])[:, None]
+        cross_mask &= layers.padding_mask(source_segments_BS)
     y_BLD = self._inputs(self.target_embed, ids_BL, positions_BL, deterministic)
     y_BLD = self.decoder(y_BLD, memory_BSD, self_mask, cross_mask,
                          deterministic=deterministic, decode=decode)[-1]

@@ -143,7 +143,7 @@ def _trained_like_params(model, batch):
   return jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, params)
 
 
-@pytest.mark.parametrize('scan', [False, True])
+@pytest.mark.parametrize('scan', [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_cached_decoding_equals_recomputation(scan):
   model = transformer.Model(_config(scan_layers=scan))
   source = _ids(3, 6, seed=5).at[1, 4:].set(0)

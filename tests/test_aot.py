@@ -1,0 +1,104 @@
+"""The TPU path compiled on this CPU (aot.py): nothing runs on a TPU; libtpu describes the chips."""
+
+import os
+
+import pytest
+
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # xdist workers compile side by side
+
+import jax.numpy as jnp  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+import aot  # pylint: disable=wrong-import-position
+from models import layers  # pylint: disable=wrong-import-position
+import train  # pylint: disable=wrong-import-position
+from configs import bert_base
+from configs import gpt
+from configs import transformer_wmt
+
+MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
+          'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
+
+
+def _tiny(module, mesh):
+  config = module.get_config('tiny')
+  config.mesh = MESHES[mesh]
+  return config
+
+
+@pytest.mark.parametrize('mesh', MESHES)
+@pytest.mark.parametrize('module', [bert_base, gpt], ids=['bert', 'gpt'])
+def test_tiny_train_steps_compile_for_v4(module, mesh):
+  report = aot.compile_step(_tiny(module, mesh), 'v4:2x2x1')
+  assert report['devices'] == 4 and report['dtype'] == 'bfloat16'  # dtype auto on a TPU
+  assert report['attention'] == 'xla' and report['pallas_kernels'] == 0  # attention dropout 0.1
+  assert 0 < report['total_bytes'] < report['hbm_bytes']
+  assert report['step_seconds'] > 0 and 0 < report['mfu_bound'] <= 1
+  counts = {kind: c['count'] for kind, c in report['collectives'].items()}
+  # The gradients of the batch-sharded step are summed across chips.
+  assert counts['all-reduce'] + counts['reduce-scatter'] > 0
+  if mesh == 'data_fsdp':
+    assert report['param_bytes'] <= report['param_bytes_unsharded'] / 3
+    assert counts['all-gather'] > 0  # FSDP weights gathered for the matmuls
+  else:
+    assert report['param_bytes'] < report['param_bytes_unsharded']
+
+
+@pytest.mark.parametrize('module', [bert_base, transformer_wmt], ids=['bert', 'transformer'])
+def test_attention_auto_takes_the_flash_kernel_on_tpu(module):
+  config = module.get_config('tiny')
+  config.model.attention_dropout_rate = 0.0  # the kernel has none; BERT's 0.1 keeps XLA's
+  config.data.max_seq_length = 128  # the kernel's tile; shorter rows take XLA's attention
+  if 'max_position_embeddings' in config.model:
+    config.model.max_position_embeddings = max(config.model.max_position_embeddings, 128)
+  config.mesh = MESHES['tensor']
+  report = aot.compile_step(config, 'v4:2x2x1')
+  assert report['attention'] == 'flash' and report['pallas_kernels'] > 0
+
+
+def test_segment_mask_is_the_dense_masks_of_the_models():
+  segments_BL = jnp.array([[1, 1, 2, 2, 0], [1, 1, 1, 1, 1]])
+  dense = layers.SegmentMask(segments_BL, segments_BL, causal=True).dense()
+  real = (segments_BL > 0)[:, None, :, None]  # padding queries' rows are never read
+  np.testing.assert_array_equal(dense & real, layers.segment_causal_mask(segments_BL) & real)
+  mask_BL = segments_BL.clip(0, 1)
+  np.testing.assert_array_equal(layers.SegmentMask(mask_BL, mask_BL).dense() & real,
+                                jnp.broadcast_to(layers.padding_mask(mask_BL), dense.shape) & real)
+
+
+def test_flash_attention_is_refused_off_tpu_and_with_attention_dropout():
+  config = bert_base.get_config('tiny')
+  config.model.attention = 'flash'
+  with pytest.raises(ValueError, match='is a TPU kernel'):
+    train.model_config(config, 'cpu')
+  with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
+    train.model_config(config, 'tpu')
+
+
+def test_a_step_too_large_for_the_chip_is_one_line():
+  config = bert_base.get_config('tiny')
+  config.model.vocab_size = 16_000_000  # 8 GB of embeddings, three times over with AdamW
+  config.train.batch_size = 4
+  with pytest.raises(aot.DoesNotFit, match=r'^DOES NOT FIT: .*HBM.*fix: more FSDP') as error:
+    aot.compile_step(config, 'v5e:2x2')
+  assert '\n' not in str(error.value)
+
+
+def test_collectives_are_counted_from_hlo_text():
+  hlo = '\n'.join([
+      '  %ag = bf16[128,512]{1,0:T(8,128)(2,1)} all-gather(bf16[32,512] %p), dimensions={0}',
+      '  %ar = (f32[10]{0}, f32[6]{0}) all-reduce(f32[10] %a, f32[6] %b), to_apply=%add',
+      '  %ars = f32[4,4]{1,0} all-reduce-start(f32[4,4] %c), to_apply=%add',
+      '  %cp = (bf16[8]{0}, bf16[8]{0}, u32[], u32[]) collective-permute-start(bf16[8] %d)',
+      '  %fusion = f32[4]{0} fusion(f32[4] %e), calls=%all-gather-like-name',
+  ])
+  found = aot.collectives(hlo)
+  assert found['all-gather'] == {'count': 1, 'bytes': 128 * 512 * 2}
+  assert found['all-reduce'] == {'count': 2, 'bytes': 16 * 4 + 16 * 4}
+  assert found['collective-permute'] == {'count': 1, 'bytes': 16}
+  assert found['reduce-scatter']['count'] == found['all-to-all']['count'] == 0
+
+
+def test_an_unknown_topology_is_one_line():
+  with pytest.raises(ValueError, match='use GENERATION:GRID'):
+    aot.topology_devices('v9:2x2')
