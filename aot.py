@@ -128,13 +128,66 @@ def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
           for k, v in example.items()}
 
 
-def _out_of_memory(error: Exception) -> bool:
-  text = str(error)
-  return 'RESOURCE_EXHAUSTED' in text or 'Ran out of memory' in text or 'exceeds' in text
+LAYER_FIELDS = ('num_layers', 'num_encoder_layers', 'num_decoder_layers')
 
 
-def compile_step(config, topology: str) -> dict[str, Any]:
-  """Compiles the train step for the topology's chips and returns the report's figures."""
+def unrolled_cost(config, mesh) -> dict[str, float] | None:
+  """XLA's per-device FLOPs and bytes of a step with scanned layers, every layer counted.
+
+  XLA counts a loop body once, so a scanned step's counts hold one layer. The same step unscanned
+  at depth 1 and 2 (quick compiles) gives the cost of a layer and of the rest, extrapolated to the
+  config's depth. None when the layers are not scanned or the depth cannot be varied.
+  """
+  depths = {config.model[f] for f in LAYER_FIELDS if f in config.model}
+  if not config.model.get('scan_layers') or len(depths) != 1:
+    return None
+  costs = []
+  for depth in (1, 2):
+    shallow = config.copy_and_resolve_references()
+    shallow.model.scan_layers = False
+    for field in LAYER_FIELDS:
+      if field in shallow.model:
+        shallow.model[field] = depth
+    try:
+      _, _, state, train_step, _ = train.build(shallow, mesh, materialize=False)
+    except ValueError:  # e.g. the BERT feature tagger's last four layers need four
+      return None
+    with jax.set_mesh(mesh):
+      cost = train_step.lower(state, abstract_batch(shallow, mesh)).compile().cost_analysis()
+    costs.append(cost[0] if isinstance(cost, list) else cost)
+  depth = depths.pop()
+  return {k: costs[0][k] + (depth - 1) * (costs[1][k] - costs[0][k])
+          for k in ('flops', 'bytes accessed')}
+
+
+def step_estimate(cost: dict[str, float], unrolled: dict[str, float] | None, model_flops: float,
+                  chip: Chip, num_devices: int) -> tuple[float, str, float]:
+  """Seconds per step, where they come from, and how much XLA's FLOPs fall short of the model's.
+
+  The roofline of XLA's per-device FLOP and byte counts, max(FLOPs / peak, bytes / bandwidth),
+  with every layer counted where the layers are scanned (unrolled_cost); XLA's own estimate
+  ('optimal_seconds') where it gives one (it is negative, unknown, for most train steps) and
+  counts no loop short. In another loop (an LSTM's time steps) XLA counts one trip: where its
+  FLOPs fall short of the model's, its bytes are scaled up by the same factor (which overstates
+  the bytes outside the loop, such as the optimizer's).
+  """
+  xla_optimal = float(cost.get('optimal_seconds', -1.0))
+  counts = unrolled or cost
+  xla_flops = float(counts.get('flops', 0.0))
+  undercount = max(1.0, model_flops / num_devices / max(xla_flops, 1.0))
+  looped = undercount >= 1.5  # the analytic FLOPs leave out softmaxes and norms, not half
+  if xla_optimal > 0 and not (unrolled or looped):
+    return xla_optimal, 'xla_optimal_seconds', undercount
+  roofline = max(xla_flops * undercount / chip.bf16_flops,
+                 float(counts.get('bytes accessed', 0.0)) * undercount / chip.hbm_bytes_per_sec)
+  if unrolled:
+    return roofline, 'roofline, layers unrolled', undercount
+  return roofline, 'roofline, loop scaled' if looped else 'roofline', undercount
+
+
+def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[str, Any]:
+  """Compiles the train step for the topology's chips and returns the report's figures;
+  `unroll_estimate` costs scanned layers one by one (unrolled_cost: two more compiles)."""
   chip, devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh, devices)
   hosts = len({d.process_index for d in devices})
@@ -146,10 +199,11 @@ def compile_step(config, topology: str) -> dict[str, Any]:
     try:
       compiled = train_step.lower(state, abstract_batch(config, mesh)).compile()
     except Exception as e:  # pylint: disable=broad-except
-      if _out_of_memory(e):
+      if 'RESOURCE_EXHAUSTED' in str(e):  # XLA's memory assignment found no room in HBM
         raise DoesNotFit(f'DOES NOT FIT: {_first_line(e)}; {fixes(config, mesh)}') from e
       raise
   compile_seconds = time.perf_counter() - start
+  unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
 
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -158,16 +212,7 @@ def compile_step(config, topology: str) -> dict[str, Any]:
   model_module = importlib.import_module(f'models.{config.model_name}')
   batch_size = config.train.batch_size
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
-  # XLA's own estimate ('optimal_seconds') is negative, i.e. unknown, for most train steps; the
-  # roofline of its per-device FLOP and byte counts stands in then. XLA counts a loop body (scanned
-  # layers, an LSTM's time steps) once: where its FLOPs fall short of the model's, its bytes are
-  # scaled up by the same factor.
-  xla_optimal = float(cost.get('optimal_seconds', -1.0))
-  xla_flops = float(cost.get('flops', 0.0))
-  undercount = max(1.0, model_flops / mesh.size / max(xla_flops, 1.0))
-  roofline = max(xla_flops * undercount / chip.bf16_flops,
-                 float(cost.get('bytes accessed', 0.0)) * undercount / chip.hbm_bytes_per_sec)
-  step_seconds = xla_optimal if xla_optimal > 0 else roofline
+  step_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip, mesh.size)
   temp = memory.temp_size_in_bytes
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            - memory.alias_size_in_bytes + temp + memory.generated_code_size_in_bytes)
@@ -192,10 +237,11 @@ def compile_step(config, topology: str) -> dict[str, Any]:
       'total_bytes': total,
       'hbm_bytes': chip.hbm_bytes,
       'replicated_params': replicated_params(state.params) if mesh.size > 1 else [],
-      'xla_optimal_seconds': xla_optimal,
       'step_seconds': step_seconds,
-      'step_seconds_source': 'xla_optimal_seconds' if xla_optimal > 0 else 'roofline',
-      'xla_flops_per_device': xla_flops,
+      'step_seconds_source': source,
+      'xla_optimal_seconds': float(cost.get('optimal_seconds', -1.0)),
+      'xla_flops_per_device': float((unrolled or cost).get('flops', 0.0)),
+      'xla_bytes_per_device': float((unrolled or cost).get('bytes accessed', 0.0)),
       'loop_undercount': round(undercount, 2),
       'model_flops_per_step': model_flops,
       'mfu_bound': model_flops / (step_seconds * mesh.size * chip.bf16_flops),
@@ -241,7 +287,7 @@ def find_max_batch(config, topology: str) -> tuple[int, dict[str, Any]]:
     if per_device not in reports:
       config.train.batch_size = per_device * dp
       try:
-        reports[per_device] = compile_step(config, topology)
+        reports[per_device] = compile_step(config, topology, unroll_estimate=False)
       except DoesNotFit:
         reports[per_device] = None
       logging.warning('per-device batch %d: %s', per_device,
@@ -257,15 +303,15 @@ def find_max_batch(config, topology: str) -> tuple[int, dict[str, Any]]:
   if fits(high):
     a, b = reports[low], reports[high]
     per_example = max((b['total_bytes'] - a['total_bytes']) / (high - low), 1.0)
-    guess = low + int((chip.hbm_bytes - a['total_bytes']) / per_example)
-    low, high = (high, guess + 1) if guess <= high else (high, guess)
+    guess = max(high, low + int((chip.hbm_bytes - a['total_bytes']) / per_example))
+    low, high = (guess, guess + 1) if fits(guess) else (high, guess)
     while fits(high):  # the line was pessimistic: double past it
       low, high = high, 2 * high
   while high - low > 1:
     middle = (low + high) // 2
     low, high = (middle, high) if fits(middle) else (low, middle)
   config.train.batch_size = low * dp
-  return low, reports[low]
+  return low, compile_step(config, topology)  # with the full step-time estimate
 
 
 def _gib(n: float) -> str:

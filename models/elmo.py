@@ -276,18 +276,22 @@ def _log_expected_counts_without_replacement(vocab_size: int, num_sampled: int) 
   return np.log(counts(0.5 * (low + high))).astype(np.float32)
 
 
+def bilm_macs_per_token(cfg: Config) -> float:
+  """Multiply-adds of the biLM's forward pass per token, the softmax left out."""
+  W, E, D, S = cfg.max_characters_per_token, cfg.char_dim, cfg.projection_dim, cfg.lstm_dim
+  N = sum(n for _, n in cfg.filters)
+  char_cnn = sum((W - w + 1) * w * E * n for w, n in cfg.filters)
+  token_encoder = char_cnn + cfg.num_highway * 2 * N * N + N * D
+  lstm = 2 * D * 4 * S + (S * D if S != D else 0)  # input and recurrent kernels, projection
+  return token_encoder + 2 * cfg.num_layers * lstm
+
+
 def train_flops_per_example(cfg: Config, data_cfg) -> float:
   """Analytic training FLOPs per example: 6x the forward multiply-adds (2 FLOPs each, 3 passes).
 
   XLA's cost analysis counts the LSTM's time loop once. The softmax covers
   V classes, or the K samples and the target with the sampled softmax.
   """
-  L, W, E = data_cfg.max_seq_length, cfg.max_characters_per_token, cfg.char_dim
-  D, S = cfg.projection_dim, cfg.lstm_dim
-  N = sum(n for _, n in cfg.filters)
-  char_cnn = sum((W - w + 1) * w * E * n for w, n in cfg.filters)
-  token_encoder = char_cnn + cfg.num_highway * 2 * N * N + N * D
-  lstm = 2 * D * 4 * S + (S * D if S != D else 0)  # input and recurrent kernels, projection
   classes = cfg.vocab_size if cfg.num_sampled == 0 else min(cfg.num_sampled, cfg.vocab_size) + 1
-  per_token = token_encoder + 2 * cfg.num_layers * lstm + 2 * D * classes
-  return 6.0 * L * per_token
+  per_token = bilm_macs_per_token(cfg) + 2 * cfg.projection_dim * classes
+  return 6.0 * data_cfg.max_seq_length * per_token

@@ -131,3 +131,17 @@ class Model(nn.Module):
     logits_BLN = layers.Einsum('BLX,XN->BLN', (h_BLX.shape[-1], cfg.num_labels), ('embed', None),
                                dtype=dtype, name='classifier')(h_BLX)
     return {'logits': logits_BLN.astype(jnp.float32), 'mix_l2': mix_l2}
+
+
+def train_flops_per_example(cfg: Config, data_cfg) -> float:
+  """Analytic training FLOPs per example: the frozen biLM forward once (no backward into it),
+  the task biLSTM and classifier three times (forward and backward); 2 FLOPs per multiply-add."""
+  L, S = data_cfg.max_seq_length, cfg.task_lstm_dim
+  elmo_dim = 2 * cfg.projection_dim if cfg.use_elmo else 0
+  bilm = elmo.bilm_macs_per_token(cfg) if cfg.use_elmo else 0
+  task, width = 0, cfg.word_dim + elmo_dim
+  for _ in range(cfg.task_num_layers):  # input and recurrent kernels, both directions
+    task += 2 * (width * 4 * S + S * 4 * S)
+    width = 2 * S
+  task += (width + (elmo_dim if cfg.elmo_at_output else 0)) * cfg.num_labels
+  return 2.0 * L * bilm + 6.0 * L * task
