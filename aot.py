@@ -62,6 +62,12 @@ _BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 
           's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
 
 
+# libtpu looks for this machine's TPU and its worker hosts, and logs that it found none; it
+# needs neither to describe a topology. Several processes may load it (its lockfile allows one).
+QUIET_LIBTPU = {'TPU_ACCELERATOR_TYPE': 'v4-8', 'TPU_WORKER_HOSTNAMES': 'localhost',
+                'TPU_SKIP_MDS_QUERY': '1', 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'}
+
+
 class DoesNotFit(ValueError):
   """A config that cannot compile or fit on the topology; the message names the fix."""
 
@@ -351,7 +357,7 @@ def main(argv):
   del argv
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  config = FLAGS.config
+  config = cli.loaded_config('aot.py')
   try:
     if FLAGS.find_max_batch:
       per_device, report = find_max_batch(config, FLAGS.topology)
@@ -368,8 +374,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  # libtpu looks for a TPU and its worker hosts; there are none here, and it needs none.
-  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  os.environ.update(QUIET_LIBTPU)
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
   flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e).')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')

@@ -117,7 +117,8 @@ def main(argv):
   del argv
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  print(json.dumps(benchmark(flags.FLAGS.config, flags.FLAGS.steps, flags.FLAGS.warmup)))
+  config = cli.loaded_config('bench.py')
+  print(json.dumps(benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup)))
 
 
 if __name__ == '__main__':

@@ -28,6 +28,24 @@ def bad_override(argv: list[str]) -> str | None:
   return None
 
 
+def loaded_config(program: str):
+  """The --config flag's ConfigDict (None if not given); a file that cannot be loaded is one
+  line (the flag loads its file on first use)."""
+  config = flags.FLAGS.config
+  try:
+    if config is not None:
+      config.keys()
+  except OSError as e:
+    sys.exit(f'{program}: error: {_unloadable(e)}')
+  return config
+
+
+def _unloadable(error: Exception) -> str:
+  reason = [line.strip() for line in str(error).splitlines() if line.strip()][-1]
+  return (f'--config cannot be loaded ({reason}): pass an existing '
+          'configs/<file>.py[:variant].')
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, with one line instead of a traceback for a bad --config override."""
   try:
@@ -39,4 +57,6 @@ def parse_flags(argv: list[str]) -> list[str]:
       reason = None
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     fallback = ' '.join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)
+    if 'Failed loading config file' in str(e):  # an override of a file that is not there
+      fallback = _unloadable(e)
     sys.exit(f'{os.path.basename(argv[0])}: error: {reason or fallback}')

@@ -745,9 +745,12 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   sharding.initialize_hosts(flags.FLAGS.multihost)
-  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  config, workdir = cli.loaded_config('train.py'), flags.FLAGS.workdir
   if not workdir or config is None:
     sys.exit('train.py: error: pass --config=configs/<file>.py[:variant] and --workdir=DIR.')
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    sys.exit(f'train.py: error: --workdir={workdir} is a file: pass a directory, new or a '
+             'run\'s.')
   try:
     train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError) as e:

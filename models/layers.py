@@ -153,18 +153,13 @@ def flash_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMa
   """The Pallas TPU flash attention kernel (jax.experimental.pallas.ops.tpu), run on each
   device's shard of the batch and heads; the same function as dot_product_attention."""
   L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
-  if L % 128 or S % 128:  # the kernel tiles segment ids by 128 keys: other lengths take XLA's
+  if L % 128 or S % 128:  # the kernel's tiles are 128 queries and keys: other lengths take XLA's
     return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask.dense())
-  blocks = tpu_flash.BlockSizes(
-      block_q=min(128, L), block_k_major=min(128, S), block_k=min(128, S), block_b=1,
-      block_q_major_dkv=min(128, L), block_k_major_dkv=min(128, S), block_k_dkv=min(128, S),
-      block_q_dkv=min(128, L), block_k_major_dq=min(128, S), block_k_dq=min(128, S),
-      block_q_dq=min(128, L))
 
   def attend(q_BHLK, k_BHSK, v_BHSK, q_ids_BL, kv_ids_BS):
     return tpu_flash.flash_attention(
         q_BHLK, k_BHSK, v_BHSK, segment_ids=tpu_flash.SegmentIds(q_ids_BL, kv_ids_BS),
-        causal=mask.causal, sm_scale=K ** -0.5, block_sizes=blocks)
+        causal=mask.causal, sm_scale=K ** -0.5)
 
   heads = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  (B, L, H, K) <-> (B, H, L, K)
   args = (heads(q_BLHK), heads(k_BSHK), heads(v_BSHK), mask.q_BL, mask.kv_BS)

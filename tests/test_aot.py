@@ -1,23 +1,24 @@
 """The TPU path compiled on this CPU (aot.py): nothing runs on a TPU; libtpu describes the chips."""
 
-import os
-
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # xdist workers compile side by side
-
-import jax.numpy as jnp  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
-
-import aot  # pylint: disable=wrong-import-position
-from models import layers  # pylint: disable=wrong-import-position
-import train  # pylint: disable=wrong-import-position
+import aot
 from configs import bert_base
 from configs import gpt
 from configs import transformer_wmt
+from models import layers
+import train
 
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
+
+
+@pytest.fixture(autouse=True)
+def quiet_libtpu(monkeypatch):
+  for name, value in aot.QUIET_LIBTPU.items():  # and xdist workers compile side by side
+    monkeypatch.setenv(name, value)
 
 
 def _tiny(module, mesh):

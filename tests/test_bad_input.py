@@ -52,6 +52,18 @@ def test_config_errors(tmp_path, overrides, expected):
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
 
 
+def test_missing_config_file(tmp_path):
+  line = error_line(run_train(tmp_path, config='configs/missing.py'))
+  assert "No such file or directory: 'configs/missing.py'" in line and 'configs/<file>.py' in line
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  (tmp_path / 'run').write_text('not a run\n', encoding='utf-8')
+  line = error_line(run_train(tmp_path))
+  assert 'is a file: pass a directory' in line
+  assert (tmp_path / 'run').read_text(encoding='utf-8') == 'not a run\n'
+
+
 def test_vocabulary_larger_than_the_model(tmp_path, text_files):
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] +
