@@ -125,9 +125,10 @@ def _open_binary(path: str):
 
 
 def _read_documents(paths: list[str]) -> Iterator[Document]:
-  """Documents of reference-format files; lines that are not UTF-8 are skipped."""
+  """Documents of reference-format files; lines that are not UTF-8 are skipped, and a file with
+  no UTF-8 text at all is an error naming its encoding."""
   for path in paths:
-    document, undecodable = [], 0
+    document, undecodable, decoded = [], 0, 0
     with _open_binary(path) as f:
       for raw_line in f:
         try:
@@ -136,12 +137,17 @@ def _read_documents(paths: list[str]) -> Iterator[Document]:
           undecodable += 1
           continue
         if line:
+          decoded += 1
           document.append(line)
         elif document:
           yield document
           document = []
     if document:  # documents never span files
       yield document
+    if undecodable and not decoded:
+      raise ValueError(f'{path} is not UTF-8 text (no line of it decodes): convert it, e.g. '
+                       f'iconv -f latin1 -t utf-8 {path} > {path}.utf8, and point data.files '
+                       'at the result.')
     if undecodable:
       logging.warning('Skipped %d lines of %s that are not UTF-8.',
                       undecodable, path)

@@ -64,6 +64,14 @@ def test_workdir_that_is_a_file(tmp_path):
   assert (tmp_path / 'run').read_text(encoding='utf-8') == 'not a run\n'
 
 
+def test_text_file_that_is_not_utf8(tmp_path):
+  path = tmp_path / 'latin1.txt'
+  path.write_bytes('Un café à Paris.\nLa tête.\n\nÉté chaud.\n'.encode('latin-1'))
+  line = error_line(run_train(tmp_path, '--config.data.source=files',
+                              f'--config.data.files={path}'))
+  assert f'{path} is not UTF-8 text' in line and 'iconv' in line
+
+
 def test_vocabulary_larger_than_the_model(tmp_path, text_files):
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] +
