@@ -54,9 +54,10 @@ CHIPS = {
 }
 
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
-# '%name = f32[8,128]{1,0:T(8,128)} all-gather(' and tuple-shaped '(bf16[..], bf16[..]) all-reduce-start('
+# '%name = f32[8,128]{1,0:T(8,128)} all-gather(' or, tuple-shaped, '%name = (bf16[..], /*index=5*/
+# bf16[..]) all-reduce-start(', one instruction per line.
 _COLLECTIVE_RE = re.compile(
-    r'= (\([^=]*?\)|\S+) (' + '|'.join(COLLECTIVES) + r')(-start)?\(')
+    r'^\s*(?:ROOT )?%?[\w.-]+ = (.+?) (' + '|'.join(COLLECTIVES) + r')(-start)?\(', re.MULTILINE)
 _SHAPE_RE = re.compile(r'\b([a-z]+[0-9]*)\[([0-9,]*)\]')
 _BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4,
           's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
@@ -363,7 +364,7 @@ def main(argv):
       per_device, report = find_max_batch(config, FLAGS.topology)
       report['max_per_device_batch'] = per_device
     else:
-      report = compile_step(config, FLAGS.topology)
+      report = compile_step(config, FLAGS.topology, FLAGS.unroll_estimate)
   except ValueError as e:  # DoesNotFit included
     raise SystemExit(f'aot.py: {e}')
   if FLAGS.input_rate:
@@ -379,5 +380,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e).')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host.")
+  flags.DEFINE_bool('unroll_estimate', True, 'With scanned layers, two more compiles (depth 1 and '
+                    '2, unscanned) so that the step-time estimate counts every layer.')
   flags.mark_flag_as_required('config')
   app.run(main, flags_parser=cli.parse_flags)

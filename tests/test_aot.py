@@ -98,7 +98,7 @@ def test_a_step_too_large_for_the_chip_is_one_line():
 def test_collectives_are_counted_from_hlo_text():
   hlo = '\n'.join([
       '  %ag = bf16[128,512]{1,0:T(8,128)(2,1)} all-gather(bf16[32,512] %p), dimensions={0}',
-      '  %ar = (f32[10]{0}, f32[6]{0}) all-reduce(f32[10] %a, f32[6] %b), to_apply=%add',
+      '  %ar = (f32[10]{0}, /*index=1*/f32[6]{0}) all-reduce(f32[10] %a, f32[6] %b), to_apply=%add',
       '  %ars = f32[4,4]{1,0} all-reduce-start(f32[4,4] %c), to_apply=%add',
       '  %cp = (bf16[8]{0}, bf16[8]{0}, u32[], u32[]) collective-permute-start(bf16[8] %d)',
       '  %fusion = f32[4]{0} fusion(f32[4] %e), calls=%all-gather-like-name',
