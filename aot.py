@@ -25,7 +25,6 @@ from absl import flags
 from absl import logging
 import jax
 from jax.experimental import topologies
-import numpy as np
 from ml_collections import config_flags
 
 import cli
