@@ -134,6 +134,12 @@ def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
           for k, v in example.items()}
 
 
+def _cost(compiled) -> dict[str, float]:
+  """XLA's cost analysis of a compiled step (one dict; some versions wrap it in a list)."""
+  cost = compiled.cost_analysis()
+  return cost[0] if isinstance(cost, list) else cost
+
+
 LAYER_FIELDS = ('num_layers', 'num_encoder_layers', 'num_decoder_layers')
 
 
@@ -159,8 +165,7 @@ def unrolled_cost(config, mesh) -> dict[str, float] | None:
     except ValueError:  # e.g. the BERT feature tagger's last four layers need four
       return None
     with jax.set_mesh(mesh):
-      cost = train_step.lower(state, abstract_batch(shallow, mesh)).compile().cost_analysis()
-    costs.append(cost[0] if isinstance(cost, list) else cost)
+      costs.append(_cost(train_step.lower(state, abstract_batch(shallow, mesh)).compile()))
   depth = depths.pop()
   return {k: costs[0][k] + (depth - 1) * (costs[1][k] - costs[0][k])
           for k in ('flops', 'bytes accessed')}
@@ -209,22 +214,22 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
         raise DoesNotFit(f'DOES NOT FIT: {_first_line(e)}; {fixes(config, mesh)}') from e
       raise
   compile_seconds = time.perf_counter() - start
-  unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
 
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  model_cfg = train.model_config(config, 'tpu')
-  model_module = importlib.import_module(f'models.{config.model_name}')
-  batch_size = config.train.batch_size
-  model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
-  step_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip, mesh.size)
   temp = memory.temp_size_in_bytes
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            - memory.alias_size_in_bytes + temp + memory.generated_code_size_in_bytes)
   if total > chip.hbm_bytes:
     raise DoesNotFit(f'DOES NOT FIT: {_gib(total)} per chip of {_gib(chip.hbm_bytes)} HBM; '
                      f'{fixes(config, mesh)}')
+  # Only a step that fits is worth the two more compiles of the unrolled estimate.
+  unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
+  cost = _cost(compiled)
+  model_cfg = train.model_config(config, 'tpu')
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  batch_size = config.train.batch_size
+  model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
+  step_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip, mesh.size)
   dp = sharding.data_parallel_size(mesh)
   hlo = compiled.as_text()
   return {
