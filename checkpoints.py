@@ -1,10 +1,16 @@
-"""Orbax checkpoints of the train state together with every host's data-iterator position."""
+"""Orbax checkpoints of the train state together with every data shard's position."""
 
+import contextlib
+import gc
 import os
+import sys
+import tempfile
+import time
 from typing import Any
 
 from etils import epath
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
@@ -26,38 +32,195 @@ def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(_directory(workdir), options=options, item_names=('state', 'data'))
 
 
-def _all_hosts(data_state: dict[str, int]) -> list[dict[str, int]]:
-  """Every host's iterator position, so that each can resume its own stream."""
+def _all_shards(shard_states: dict[int, dict[str, int]], num_shards: int
+                ) -> list[dict[str, int]]:
+  """Every data shard's position; a host knows those of the shards it reads."""
   if jax.process_count() == 1:
-    return [dict(data_state)]
-  keys = sorted(data_state)
-  rows = multihost_utils.process_allgather(np.array([data_state[k] for k in keys], np.int64))
-  return [dict(zip(keys, map(int, row))) for row in np.asarray(rows).reshape(-1, len(keys))]
+    return [dict(shard_states[s]) for s in range(num_shards)]
+  keys = sorted(next(iter(shard_states.values())))
+  table = np.zeros((num_shards, 1 + len(keys)), np.int64)  # column 0: this host reads it
+  for shard, state in shard_states.items():
+    table[shard] = [1] + [state[k] for k in keys]
+  tables = np.asarray(multihost_utils.process_allgather(table)).reshape(-1, *table.shape)
+  rows = [next(t[s] for t in tables if t[s, 0]) for s in range(num_shards)]
+  return [dict(zip(keys, map(int, row[1:]))) for row in rows]
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict[str, int]) -> None:
-  """Starts an async save; device buffers are copied before this returns."""
+def save(mngr: ocp.CheckpointManager, step: int, state: Any,
+         shard_states: dict[int, dict[str, int]], num_shards: int) -> None:
+  """Starts an async save; device buffers are copied before this returns.
+
+  Refuses (FloatingPointError) a state with a non-finite array: a checkpoint
+  is always one to resume from.
+  """
   if step in mngr.all_steps():
     return
-  mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      data=ocp.args.JsonSave({'hosts': _all_hosts(data_state)})), force=True)
+  bad = non_finite(state)
+  if bad:
+    raise FloatingPointError(f'{bad[0]} is not finite at step {step}, so it was not saved')
+  with _write_errors(mngr):  # the previous save's error, if any, comes out here
+    mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards)})), force=True)
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state: Any) -> tuple[Any, dict | None]:
-  """The latest (state, this host's data position), restored onto the given shardings."""
-  step = mngr.latest_step()
-  restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-  hosts = restored['data']['hosts']
-  if len(hosts) != jax.process_count():
-    raise ValueError(f'The checkpoint was written by {len(hosts)} hosts and this run has '
-                     f'{jax.process_count()}: resume with the same number of hosts.')
-  return restored['state'], hosts[jax.process_index()]
+def wait(mngr: ocp.CheckpointManager) -> None:
+  """Until the async save is written; WriteError if it could not be."""
+  with _write_errors(mngr):
+    mngr.wait_until_finished()
+
+
+class WriteError(Exception):
+  """A checkpoint could not be written (disk full, ...); the message names the newest kept one."""
+
+
+@contextlib.contextmanager
+def _write_errors(mngr: ocp.CheckpointManager):
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except (orbax re-raises the writer's)
+    directory = str(mngr.directory)
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    kept = f'step {steps[-1]}' if steps else 'none'
+    raise WriteError(f'A checkpoint could not be written ({_reason(error)}); the newest complete '
+                     f'one in {directory} is {kept}: free disk space (or lower '
+                     'train.keep_checkpoints) and run the same command to resume.') from error
+
+
+@jax.jit
+def _finite(arrays: list[jax.Array]) -> list[jax.Array]:
+  return [jnp.all(jnp.isfinite(x)) for x in arrays]
+
+
+def non_finite(tree: Any) -> list[str]:
+  """The names of the floating-point arrays of `tree` that hold a NaN or an infinity."""
+  floats = [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if jnp.issubdtype(getattr(x, 'dtype', np.int32), jnp.inexact)]
+  checks = _finite([x for _, x in floats])
+  return [name for (name, _), ok in zip(floats, checks) if not bool(ok)]
+
+
+def _reason(error: BaseException) -> str:
+  """The innermost cause's first line (TensorStore names the array and the file there)."""
+  while error.__cause__ is not None or error.__context__ is not None:
+    error = error.__cause__ or error.__context__
+  text = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {text[0] if text else ""}'.strip()
+
+
+def _set_aside(workdir: str, step: int) -> str:
+  """Moves checkpoint `step` to workdir/unreadable_checkpoints/ (never deletes); its new path."""
+  target = os.path.join(os.path.abspath(workdir), 'unreadable_checkpoints', str(step))
+  suffix = 0
+  while os.path.exists(target + (f'.{suffix}' if suffix else '')):
+    suffix += 1
+  target += f'.{suffix}' if suffix else ''
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(os.path.join(_directory(workdir), str(step)), target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f'set aside checkpoint {step}')
+  return target
+
+
+@contextlib.contextmanager
+def _stderr_kept_unless_failed():
+  """Holds back what is written to stderr (file descriptor 2) inside; prints it unless the
+  block raised.
+
+  When one array of a checkpoint cannot be read, orbax gives up on the others
+  while their reads are under way; each of those then prints its own traceback
+  (hundreds of lines, the same failure). They are dropped, after they are done.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    failed = False
+    try:
+      yield
+    except BaseException:
+      failed = True
+      time.sleep(1)  # the abandoned reads finish, and are collected, into `held`
+      gc.collect()
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      if not failed:
+        held.seek(0)
+        sys.stderr.write(held.read().decode('utf-8', 'replace'))
+        sys.stderr.flush()
+
+
+def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any
+                  ) -> tuple[Any, list[dict[str, int]] | None, str | None]:
+  """(state, data shards, None), or (None, None, why step cannot be resumed from), agreed."""
+  try:
+    with _stderr_kept_unless_failed():
+      restored = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    data = restored['data']
+    shards = data.get('shards', data.get('hosts'))  # 'hosts': checkpoints of before elastic resume
+    bad = non_finite(restored['state'])
+    why = (f'{bad[0]} is not finite' if bad else
+           None if isinstance(shards, list) and shards else 'its data position is missing')
+  except Exception as error:  # pylint: disable=broad-except (any unreadable file)
+    restored, shards, why = None, None, _reason(error)
+  if jax.process_count() > 1:  # every host falls back if one cannot read its part
+    failed = multihost_utils.process_allgather(np.array(why is not None))
+    if why is None and np.asarray(failed).any():
+      why = 'another host could not read it'
+  return (None, None, why) if why else (restored['state'], shards, None)
+
+
+def num_data_shards(workdir: str) -> int | None:
+  """How many data shards the workdir's checkpoints hold (its run's first host count); None
+  without a checkpoint. Creates nothing."""
+  if not exist(workdir):
+    return None
+  mngr = ocp.CheckpointManager(_directory(workdir), item_names=('data',),
+                               options=ocp.CheckpointManagerOptions(read_only=True))
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      data = mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
+      return len(data.get('shards', data.get('hosts')))
+    except Exception:  # pylint: disable=broad-except (restore() reports unreadable steps)
+      continue
+  return None
+
+
+def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
+            ) -> tuple[Any, list[dict[str, int]]]:
+  """The newest checkpoint that restores: (state on the given shardings, every data shard's
+  position).
+
+  A checkpoint that cannot be read or holds a non-finite array is reported in
+  one line and moved to workdir/unreadable_checkpoints/ once an older one has
+  restored; when none restores, nothing is moved and ValueError says why for each.
+  """
+  failures = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    state, shards, why = _restore_step(mngr, step, abstract_state)
+    if why is None:
+      for bad_step, bad_why in failures:
+        moved = _set_aside(workdir, bad_step)
+        if jax.process_index() == 0:
+          print(f'Checkpoint step {bad_step} cannot be resumed from ({bad_why}): moved it to '
+                f'{moved}; resuming from step {step}.', flush=True)
+      if failures:
+        mngr.reload()
+      return state, shards
+    failures.append((step, why))
+  reasons = '; '.join(f'step {s}: {why}' for s, why in failures)
+  raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}): fix what '
+                   'that names, or move the directory aside to start afresh, or use a new '
+                   '--workdir.')
 
 
 def _path_name(path) -> str:
-  return '/'.join(str(getattr(k, 'key', k)) for k in path)
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
 
 
 def restore_params(workdir: str, target_params: Any, fresh: tuple[str, ...] = ()

@@ -397,8 +397,8 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
   if os.path.abspath(vocab_file) != os.path.abspath(saved):
     _copy(vocab_file, saved)
   mngr = checkpoints.manager(workdir, 1)
-  checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {})
-  mngr.wait_until_finished()
+  checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1)
+  checkpoints.wait(mngr)
   mngr.close()
 
 

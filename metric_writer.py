@@ -29,6 +29,16 @@ def has_results(workdir: str) -> bool:
     return any('"results"' in line and 'results' in json.loads(line) for line in f if line.strip())
 
 
+def _drop_unfinished_line(path: str) -> None:
+  """Cuts a last line that a killed run left half-written, so that appended lines stay JSON."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    data = f.read()
+    if data and not data.endswith(b'\n'):
+      f.truncate(data.rfind(b'\n') + 1)
+
+
 class MetricWriter:
   """One JSON object per logged step; TensorBoard scalars; one console line."""
 
@@ -38,7 +48,9 @@ class MetricWriter:
     self._jsonl = None
     self._tb = None
     if self.active:
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      path = os.path.join(workdir, 'metrics.jsonl')
+      _drop_unfinished_line(path)
+      self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 

@@ -484,6 +484,7 @@ class Run:
   mesh: jax.sharding.Mesh
   tokenizer: Any
   train_iter: Any
+  data_shards: int
   objective: Any
   schedule: optax.Schedule
   state: TrainState
@@ -537,18 +538,20 @@ def setup(config, workdir: str, mesh) -> Run:
     raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='
                      f'{config.model.vocab_size}: set --config.model.vocab_size='
                      f'{tokenizer.vocab_size}.')
-  train_iter = input_pipeline.get_dataset(
-      config.data, 'train', tokenizer=tokenizer,
-      batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+  # The data shards are the hosts of the run's first job, whatever the hosts are now.
+  data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
+  train_iter = input_pipeline.get_train_stream(
+      config.data, tokenizer=tokenizer, global_batch=config.train.batch_size, seed=config.seed,
+      num_shards=data_shards, process_index=jax.process_index(),
+      process_count=jax.process_count())
   eval_data, eval_start = eval_batches(config, tokenizer)
 
   # Model and state, restored with the data position when the workdir has a checkpoint.
   objective, schedule, state, train_step, eval_step = build(config, mesh)
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   if mngr.latest_step() is not None:
-    state, data_state = checkpoints.restore(mngr, state)
-    train_iter.set_state(data_state)
+    state, shards = checkpoints.restore(mngr, state, workdir)
+    train_iter.set_state(dict(enumerate(shards)))
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
@@ -558,8 +561,8 @@ def setup(config, workdir: str, mesh) -> Run:
     if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
       state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
   write_workdir_files(config, workdir, tokenizer)
-  return Run(config, workdir, mesh, tokenizer, train_iter, objective, schedule, state,
-             train_step, eval_step, mngr, eval_data, eval_start)
+  return Run(config, workdir, mesh, tokenizer, train_iter, data_shards, objective, schedule,
+             state, train_step, eval_step, mngr, eval_data, eval_start)
 
 
 def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
@@ -638,6 +641,17 @@ class Progress:
           f'{self.last_good_step} in {self.run.workdir}. Lower optimizer.learning_rate or '
           'check the data.')
 
+  def save(self, step: int, state: TrainState) -> None:
+    """Starts the checkpoint of `step`; a non-finite state is never saved."""
+    try:
+      checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
+                       self.run.data_shards)
+    except FloatingPointError as e:
+      raise FloatingPointError(
+          f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '
+          'Lower optimizer.learning_rate or check the data.') from None
+    self.last_good_step = step
+
   def summary(self, step: int) -> tuple[dict[str, float], float]:
     """The metrics since the last call, and training steps per second (pauses excluded)."""
     now = time.time()
@@ -710,29 +724,29 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         writer.write(step, summary, steps_per_sec=steps_per_sec)
       pause = time.time()
       if step % tc.checkpoint_every == 0 or step == end:
-        checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
-        progress.last_good_step = step
+        progress.save(step, state)
       if step % tc.eval_every == 0 or step == tc.num_steps:
         evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
     if step < end:  # stopped by SIGTERM
       if pending is not None:
         progress.add(*pending)
-      checkpoints.save(run.mngr, step, state, run.train_iter.get_state())
+      progress.save(step, state)
       logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
   finally:
-    run.mngr.wait_until_finished()
+    checkpoints.wait(run.mngr)
     writer.close()
   return state
 
 
-def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None
-                       ) -> TrainState:
-  """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption would."""
+def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None,
+                       devices=None) -> TrainState:
+  """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption
+  would; `devices` (default: all) make the mesh."""
   stop = StopRequested()
   previous_handler = signal.signal(signal.SIGTERM, stop)
   try:
-    mesh = sharding.make_mesh(config.mesh)
+    mesh = sharding.make_mesh(config.mesh, devices)
     with jax.set_mesh(mesh):
       return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
   finally:
@@ -755,7 +769,7 @@ def main(argv):
     train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'train.py: error: {e}')
-  except FloatingPointError as e:
+  except (FloatingPointError, checkpoints.WriteError) as e:
     sys.exit(f'train.py: stopped: {e}')
 
 

@@ -13,6 +13,7 @@ synthetic batch of the same feature spec.
 """
 
 import importlib
+import math
 import queue
 import threading
 from types import ModuleType
@@ -151,6 +152,67 @@ class Prefetcher:
                                     args=(self._iterator, self._queue, self._stopping))
     weakref.finalize(self, self._stopping.set)
     self._thread.start()
+
+
+class ShardedStream:
+  """This host's rows of global batches that `num_shards` data shards make together.
+
+  A training run's data is `num_shards` independent, resumable streams: shard
+  s is what host s read in the run's first job, with as many hosts as shards.
+  Each global batch is every shard's next global_batch/num_shards examples,
+  shard after shard; a host takes its contiguous rows of it and reads only the
+  shards those rows come from. So a run resumed on another number of hosts
+  (or with another mesh) sees the same global batches in the same order.
+  State: {shard: that shard's position} for the shards this host reads.
+  """
+
+  def __init__(self, make_shard: Any, *, num_shards: int, global_batch: int,
+               process_index: int, process_count: int):
+    if global_batch % num_shards or global_batch % process_count:
+      raise ValueError(f'train.batch_size={global_batch} must divide among the {num_shards} '
+                       f'data shards this run started with and the {process_count} hosts: '
+                       f'use a multiple of {math.lcm(num_shards, process_count)}.')
+    self.num_shards = num_shards
+    per_shard, per_host = global_batch // num_shards, global_batch // process_count
+    first, last = process_index * per_host, (process_index + 1) * per_host
+    self._pieces = []  # (shard, its rows in this host's batch)
+    for shard in range(num_shards):
+      lo, hi = max(first, shard * per_shard), min(last, (shard + 1) * per_shard)
+      if lo < hi:
+        self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
+    self._shards = {shard: make_shard(shard, per_shard) for shard, _ in self._pieces}
+
+  def get_state(self) -> dict[int, dict[str, int]]:
+    return {shard: it.get_state() for shard, it in self._shards.items()}
+
+  def set_state(self, state: dict[int, dict[str, int]]) -> None:
+    for shard, it in self._shards.items():
+      it.set_state(state[shard])
+
+  def __iter__(self) -> 'ShardedStream':
+    return self
+
+  def __next__(self) -> Batch:
+    parts = [(next(self._shards[shard]), rows) for shard, rows in self._pieces]
+    if len(parts) == 1 and parts[0][1] == slice(0, len(next(iter(parts[0][0].values())))):
+      return parts[0][0]
+    return {k: np.concatenate([batch[k][rows] for batch, rows in parts]) for k in parts[0][0]}
+
+
+def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
+                     global_batch: int, seed: int, num_shards: int, process_index: int = 0,
+                     process_count: int = 1, prefetch: int = 2) -> Any:
+  """Endless training batches of this host's rows, from `num_shards` data shards (ShardedStream);
+  get_state/set_state carry every shard this host reads."""
+  module = _pipeline(data_cfg)
+
+  def make_shard(shard: int, batch_size: int) -> Any:
+    return module.get_iterator(data_cfg, 'train', tokenizer=tokenizer, batch_size=batch_size,
+                               seed=seed, process_index=shard, process_count=num_shards)
+
+  stream = ShardedStream(make_shard, num_shards=num_shards, global_batch=global_batch,
+                         process_index=process_index, process_count=process_count)
+  return Prefetcher(stream, prefetch) if prefetch else stream
 
 
 def get_dataset(data_cfg: ml_collections.ConfigDict, split: str, *,

@@ -1,13 +1,15 @@
-"""One host of a two-process CPU run, started by tests/test_multihost.py."""
+"""One host of a CPU run of `num_processes` processes, started by tests/test_multihost.py."""
 
 import os
 import sys
 
 import jax
 
-port, process_id, workdir, data_dir, files, stop_after = sys.argv[1:7]
-jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=2, process_id=int(process_id))
+port, process_id, num_processes, workdir, data_dir, files, stop_after = sys.argv[1:8]
+if int(num_processes) > 1:
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=int(num_processes),
+                             process_id=int(process_id))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top

@@ -66,7 +66,7 @@ def bert_run(tmp_path_factory):
   example = input_pipeline.example_batch(config.data, MODEL['vocab_size'], batch_size=1)
   params = _params(model, example, seed=0)
   mngr = checkpoints.manager(workdir, 1)
-  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {})
+  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {0: {}}, 1)
   mngr.wait_until_finished()
   return workdir, model, params
 

@@ -263,7 +263,7 @@ def _fine_tuned_run(workdir, task, num_labels):
   (workdir / 'config.json').write_text(json.dumps({'data': {'task': task}}))
   params = _head_params(num_labels, seed=1)
   mngr = checkpoints.manager(str(workdir), 1)
-  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {})
+  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {0: {}}, 1)
   mngr.wait_until_finished()
   return params
 

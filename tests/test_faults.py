@@ -1,0 +1,349 @@
+"""Faults a run survives: kill -9 anywhere, unreadable or non-finite checkpoints, a changed mesh,
+a NaN batch, a full disk. Each test makes the fault happen and checks what is left and what a
+rerun of the same command does."""
+
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from etils import epath
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import checkpoints
+import input_pipeline
+import metric_writer
+import train
+from test_train import micro_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data_dir(shared_data_dir):
+  return shared_data_dir
+
+
+def saved_state(workdir, step):
+  """The arrays of checkpoint `step` as numpy, whatever mesh wrote them."""
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+  return ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+      restore_args=restore_args))
+
+
+def assert_same_arrays(a, b, **tolerance):
+  check = (lambda x, y: np.testing.assert_allclose(x, y, **tolerance)) if tolerance else (
+      np.testing.assert_array_equal)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(check, a, b)
+
+
+def damage(workdir, step, how):
+  """Damages checkpoint `step` as a failing disk or an interrupted copy would."""
+  directory = os.path.join(workdir, 'checkpoints', str(step))
+  arrays = sorted(glob.glob(os.path.join(directory, 'state', 'ocdbt.process_0', 'd', '*')),
+                  key=os.path.getsize)
+  if how == 'flipped bytes':
+    data = bytearray(open(arrays[-1], 'rb').read())
+    for i in range(64, len(data), 499):
+      data[i] ^= 0xFF
+    open(arrays[-1], 'wb').write(bytes(data))
+  elif how == 'truncated array file':
+    with open(arrays[-1], 'r+b') as f:
+      f.truncate(os.path.getsize(arrays[-1]) // 3)
+  elif how == 'missing data position':
+    shutil.rmtree(os.path.join(directory, 'data'))
+  else:
+    raise AssertionError(how)
+
+
+# ----------------------------------------------------------------------------
+# In one process: checkpoints that cannot be resumed from, NaN, another mesh.
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize('how', ['flipped bytes', pytest.param('truncated array file',
+                                                               marks=pytest.mark.slow),
+                                 pytest.param('missing data position', marks=pytest.mark.slow)])
+def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
+    data_dir, tmp_path, capsys, how):
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  run = str(tmp_path / 'run')
+  train.train_and_evaluate(config, run, stop_after_steps=4)
+  damage(run, 4, how)
+  capsys.readouterr()
+  resumed = train.train_and_evaluate(config, run)
+  out = capsys.readouterr()
+  lines = [l for l in out.out.splitlines() if l.startswith('Checkpoint step 4')]
+  assert len(lines) == 1 and 'resuming from step 2' in lines[0], out.out
+  assert 'Traceback' not in out.err, out.err[-3000:]
+  assert os.path.isdir(os.path.join(run, 'unreadable_checkpoints', '4'))  # kept, not deleted
+  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+
+
+@pytest.mark.slow
+def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing(
+    data_dir, tmp_path):
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+  train.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
+  damage(str(tmp_path), 4, 'flipped bytes')
+  damage(str(tmp_path), 2, 'truncated array file')
+  with pytest.raises(ValueError, match=r'No checkpoint in .* restores \(step 4: .*; step 2: '
+                     r'.*\): .*move the directory aside') as error:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert '\n' not in str(error.value)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+  assert not os.path.exists(tmp_path / 'unreadable_checkpoints')
+
+
+@pytest.mark.slow
+def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys):
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  run = str(tmp_path / 'run')
+  state = train.train_and_evaluate(config, run, stop_after_steps=4)
+  # What a bad disk or another program might leave: step 5 with a NaN in it, written directly.
+  leaves, treedef = jax.tree.flatten(state.params)
+  leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(np.nan)
+  bad = state.replace(params=jax.tree.unflatten(treedef, leaves))
+  mngr = checkpoints.manager(run, 3)
+  position = mngr.restore(4, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
+  mngr.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(bad),
+                                      data=ocp.args.JsonSave(position)))
+  mngr.wait_until_finished()
+  capsys.readouterr()
+  resumed = train.train_and_evaluate(config, run)
+  out = capsys.readouterr().out
+  assert 'Checkpoint step 5 cannot be resumed from (params/' in out and 'is not finite' in out, out
+  assert 'resuming from step 4' in out
+  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+
+
+def test_a_state_that_is_not_finite_is_never_saved(data_dir, tmp_path, monkeypatch):
+  """Parameters that overflow while the loss and gradient norm stayed finite: the checkpoint
+  of that step is refused; the last good one is named and kept."""
+  make_train_step = train.make_train_step
+
+  def spoiling(*args, **kwargs):
+    step_fn = make_train_step(*args, **kwargs)
+
+    def step(state, batch):
+      state, metrics = step_fn(state, batch)
+      if int(state.step) == 4:  # after the step: its loss and gradient were finite
+        state = state.replace(params=jax.tree.map(lambda x: x * np.inf, state.params))
+      return state, metrics
+    return step
+
+  monkeypatch.setattr(train, 'make_train_step', spoiling)
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+  with pytest.raises(FloatingPointError, match=r'params/.* is not finite at step 4, so it was not '
+                     r'saved; the last good checkpoint is step 2'):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2']
+
+
+@pytest.mark.slow
+def test_a_nan_batch_stops_the_run_with_the_last_good_checkpoint_intact(data_dir, tmp_path,
+                                                                       monkeypatch):
+  get_train_stream = input_pipeline.get_train_stream
+
+  class Poisoned:
+    """The stream, with NaN weights in its 5th batch."""
+
+    def __init__(self, stream):
+      self.stream, self.batches = stream, 0
+
+    def __next__(self):
+      batch, self.batches = next(self.stream), self.batches + 1
+      if self.batches == 5:
+        batch = dict(batch, masked_lm_weights=np.full_like(batch['masked_lm_weights'], np.nan))
+      return batch
+
+    def __getattr__(self, name):
+      return getattr(self.stream, name)
+
+  config = micro_config(data_dir, num_steps=8, checkpoint_every=2)
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  monkeypatch.setattr(input_pipeline, 'get_train_stream',
+                      lambda *a, **k: Poisoned(get_train_stream(*a, **k)))
+  run = str(tmp_path / 'run')
+  with pytest.raises(FloatingPointError, match=r'Loss is nan .* at step 5; the last good '
+                     r'checkpoint is step 4'):
+    train.train_and_evaluate(config, run)
+  assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['2', '4']
+  monkeypatch.undo()  # the data is fixed; the same command resumes from step 4
+  resumed = train.train_and_evaluate(config, run)
+  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('first,then', [
+    ((('data', 2), ('fsdp', 4), ('tensor', 1)), (('data', 4), ('fsdp', 1), ('tensor', 1))),
+    ((('data', 1), ('fsdp', 4), ('tensor', 2)), (('data', 8), ('fsdp', 1), ('tensor', 1))),
+], ids=['8 devices fsdp=4 -> 4 devices data=4', 'fsdp=4 x tensor=2 -> data=8'])
+def test_a_run_resumes_on_another_mesh(data_dir, tmp_path, first, then):
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=3)
+  config.mesh = then
+  then_devices = jax.devices()[:np.prod([n for _, n in then])]
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'), devices=then_devices)
+  config.mesh = first
+  train.train_and_evaluate(config, str(tmp_path / 'run'), stop_after_steps=3)
+  config.mesh = then
+  resumed = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=then_devices)
+  assert jax.tree.leaves(resumed.params)[0].sharding.mesh.shape == dict(then)
+  # Sums over other shardings round differently; the data and the steps are the same.
+  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params),
+                     rtol=1e-4, atol=1e-6)
+
+
+def test_data_shards_give_the_same_global_batches_on_any_number_of_hosts():
+  """Two shards read by 2 hosts, by 1 host, and split over 4 hosts: the same global batches."""
+
+  class Counting:
+    """Shard s of a stream: example i of it is 1000 * s + i."""
+
+    def __init__(self, shard, batch_size):
+      self.shard, self.batch_size, self.position = shard, batch_size, 0
+
+    def __next__(self):
+      rows = 1000 * self.shard + self.position + np.arange(self.batch_size)
+      self.position += self.batch_size
+      return {'x': rows}
+
+    def get_state(self):
+      return {'position': self.position}
+
+    def set_state(self, state):
+      self.position = state['position']
+
+  def global_batches(hosts, steps=3, state=None):
+    streams = [input_pipeline.ShardedStream(Counting, num_shards=2, global_batch=8,
+                                            process_index=h, process_count=hosts)
+               for h in range(hosts)]
+    if state is not None:
+      for stream in streams:
+        stream.set_state(state)
+    return [np.concatenate([next(s)['x'] for s in streams]) for _ in range(steps)], streams
+
+  two, streams = global_batches(2)
+  np.testing.assert_array_equal(two[0], [0, 1, 2, 3, 1000, 1001, 1002, 1003])
+  for hosts in (1, 4):
+    np.testing.assert_array_equal(global_batches(hosts)[0], two)
+  # A checkpoint of the two hosts (each knows its shard) resumes on one host.
+  state = {**streams[0].get_state(), **streams[1].get_state()}
+  assert state == {0: {'position': 12}, 1: {'position': 12}}
+  np.testing.assert_array_equal(global_batches(1, steps=1, state=state)[0][0],
+                                [12, 13, 14, 15, 1012, 1013, 1014, 1015])
+  with pytest.raises(ValueError, match='use a multiple of 6'):
+    input_pipeline.ShardedStream(Counting, num_shards=2, global_batch=8, process_index=0,
+                                 process_count=3)
+
+
+# ----------------------------------------------------------------------------
+# train.py in a subprocess: kill -9 anywhere, a full disk.
+# ----------------------------------------------------------------------------
+
+def command(workdir, data_dir, num_steps=48):
+  return [sys.executable, os.path.join(ROOT, 'train.py'), '--config=configs/bert_base.py:tiny',
+          f'--workdir={workdir}', f'--config.data.data_dir={data_dir}',
+          '--config.model.num_layers=1', f'--config.train.num_steps={num_steps}',
+          '--config.optimizer.warmup_steps=2', '--config.train.log_every=2',
+          '--config.train.checkpoint_every=4', '--config.train.eval_every=1000',
+          '--config.train.eval_steps=2']
+
+
+ENV = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+
+
+def wait_for(predicate, proc, log, timeout=300):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert proc.poll() is None, open(log).read()[-3000:]
+    assert time.time() < deadline, open(log).read()[-3000:]
+    time.sleep(0.002)
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_the_same_command_finishes_bitwise_equal(
+    tmp_path, shared_data_dir):
+  seed = int(os.environ.get('FAULT_SEED', time.time()))
+  rng = random.Random(seed)
+  straight = tmp_path / 'straight'
+  subprocess.run(command(straight, shared_data_dir), cwd=ROOT, env=ENV, check=True,
+                 capture_output=True)
+  run, checkpoint_dir = tmp_path / 'run', tmp_path / 'run' / 'checkpoints'
+  in_write = 0
+  kills = []
+  for attempt in range(8):
+    log = tmp_path / f'log{attempt}.txt'
+    with open(log, 'w') as out:
+      proc = subprocess.Popen(command(run, shared_data_dir), cwd=ROOT, env=ENV, stdout=out,
+                              stderr=subprocess.STDOUT)
+    wait_for(lambda: 'First step' in open(log).read(), proc, log)
+    if attempt % 2:  # inside a checkpoint write: as soon as its temporary directory appears
+      wait_for(lambda: any('tmp' in n for n in os.listdir(checkpoint_dir)), proc, log)
+    else:
+      time.sleep(rng.uniform(0, 1.5))
+    if proc.poll() is not None:
+      break  # finished before the kill
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = os.listdir(checkpoint_dir)
+    in_write += any('tmp' in n for n in left)
+    kills.append(sorted(left))
+    if len(kills) == 4 and in_write:
+      break
+  assert in_write, f'no kill landed inside a checkpoint write (seed {seed}): {kills}'
+  subprocess.run(command(run, shared_data_dir), cwd=ROOT, env=ENV, check=True,
+                 capture_output=True)
+  assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir):
+  """The workdir on a 16 MiB tmpfs (a user namespace mounts it): step 4's checkpoint fits,
+  step 8's does not. The run stops in one line naming step 4, which restores; the same
+  command, with space again, finishes bitwise equal to a run that never filled the disk."""
+  if subprocess.run(['unshare', '-rm', 'true'], capture_output=True).returncode:
+    pytest.skip('unshare -rm (a user namespace, to mount a small tmpfs) is not permitted here')
+  mount, kept = tmp_path / 'small_disk', tmp_path / 'kept'
+  mount.mkdir()
+  script = ('mount -t tmpfs -o size=16m none "$0" && "$@"; code=$?; '
+            f'cp -a "$0/run" {kept}; exit $code')
+  result = subprocess.run(['unshare', '-rm', 'sh', '-c', script, str(mount),
+                           *command(mount / 'run', shared_data_dir, num_steps=16)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True)
+  assert result.returncode == 1, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('train.py: stopped: A checkpoint could not be written (') and (
+      'No space left on device' in last and 'the newest complete one' in last and
+      'is step 4: free disk space' in last), last
+  assert sorted(n for n in os.listdir(kept / 'checkpoints') if n.isdigit()) == ['4']
+  assert checkpoints.non_finite(saved_state(kept, 4)) == []
+  straight = tmp_path / 'straight'
+  subprocess.run(command(straight, shared_data_dir, num_steps=16), cwd=ROOT, env=ENV,
+                 check=True, capture_output=True)
+  resumed = subprocess.run(command(kept, shared_data_dir, num_steps=16), cwd=ROOT, env=ENV,
+                           capture_output=True, text=True)
+  assert resumed.returncode == 0 and 'Resuming from step 4' in resumed.stdout, resumed.stderr
+  assert_same_arrays(saved_state(kept, 16), saved_state(straight, 16))
+
+
+def test_a_metrics_line_cut_by_a_kill_is_dropped_when_the_run_resumes(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 2, "loss": 7.5}\n{"step": 4, "lo', encoding='utf-8')
+  writer = metric_writer.MetricWriter(str(tmp_path), total_steps=8)
+  writer.write(4, {'loss': 7.25})
+  writer.close()
+  lines = [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines()]
+  assert [(m['step'], m['loss']) for m in lines] == [(2, 7.5), (4, 7.25)]
