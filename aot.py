@@ -5,10 +5,11 @@ whether it fits in HBM, the predicted step time and MFU bound, and the collectiv
         --config.mesh='(("data",4),("fsdp",4),("tensor",1))'
     python aot.py --config=configs/bert_base.py --topology=v4:2x2x1 --find_max_batch
 
-The train step is train.py's own (train.build with the config's logical axis rules); the state
-comes from jax.eval_shape and the batch is abstract, so nothing is executed. Every figure is
-XLA's estimate from compiling, not a measurement on a TPU. Prints a short table, then one JSON
-line; a config that cannot compile or does not fit gets one line that names the fix.
+The train step is train.py's own (trainer.state.build, with the config's logical axis
+rules); the state comes from jax.eval_shape and the batch is abstract, so nothing is executed.
+Every figure is XLA's estimate from compiling, not a measurement on a TPU. Prints a short
+table, then one JSON line; a config that cannot compile or does not fit gets one line that
+names the fix.
 """
 
 import dataclasses
@@ -27,10 +28,12 @@ import jax
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-import cli
+from trainer import cli
 import input_pipeline
-import sharding
-import train
+from trainer import sharding
+import trainer.checks
+import trainer.optimizer
+import trainer.state
 
 GiB = 1024**3
 
@@ -119,7 +122,7 @@ def bytes_per_device(abstract_tree) -> int:
 
 def replicated_params(abstract_params, top: int = 3) -> list[str]:
   """The largest parameters that no mesh axis splits (what FSDP leaves whole on every chip)."""
-  whole = [(leaf.size, train.param_name(path))
+  whole = [(leaf.size, trainer.optimizer.param_name(path))
            for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]
            if leaf.sharding.shard_shape(leaf.shape) == leaf.shape and leaf.size > 1]
   return [name for _, name in sorted(whole, reverse=True)[:top]]
@@ -161,7 +164,7 @@ def unrolled_cost(config, mesh) -> dict[str, float] | None:
       if field in shallow.model:
         shallow.model[field] = depth
     try:
-      _, _, state, train_step, _ = train.build(shallow, mesh, materialize=False)
+      _, _, state, train_step, _ = trainer.state.build(shallow, mesh, materialize=False)
     except ValueError:  # e.g. the BERT feature tagger's last four layers need four
       return None
     with jax.set_mesh(mesh):
@@ -202,10 +205,10 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   chip, devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh, devices)
   hosts = len({d.process_index for d in devices})
-  train.inherit_unset_fields(config, None)
-  train.validate(config, mesh, num_hosts=hosts)
+  trainer.checks.inherit_unset_fields(config, None)
+  trainer.checks.validate(config, mesh, num_hosts=hosts)
   start = time.perf_counter()
-  _, _, state, train_step, _ = train.build(config, mesh, materialize=False)
+  _, _, state, train_step, _ = trainer.state.build(config, mesh, materialize=False)
   with jax.set_mesh(mesh):
     try:
       compiled = train_step.lower(state, abstract_batch(config, mesh)).compile()
@@ -225,7 +228,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   # Only a step that fits is worth the two more compiles of the unrolled estimate.
   unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
   cost = _cost(compiled)
-  model_cfg = train.model_config(config, 'tpu')
+  model_cfg = trainer.checks.model_config(config, 'tpu')
   model_module = importlib.import_module(f'models.{config.model_name}')
   batch_size = config.train.batch_size
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
-import cli
+from trainer import cli
 import input_pipeline
-import sharding
-import train
+from trainer import sharding
+import trainer.checks
+import trainer.state
 
 
 def matmul_peak_flops(sizes=(1024, 2048, 3072), repeats=5) -> float:
@@ -71,11 +72,12 @@ def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
 def benchmark(config, steps: int, warmup: int) -> dict:
   peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
-  train.inherit_unset_fields(config, None)  # a fine-tuning config's sizes from its init_from
-  train.validate(config, mesh)
+  # A fine-tuning config's sizes come from its init_from.
+  trainer.checks.inherit_unset_fields(config, None)
+  trainer.checks.validate(config, mesh)
   model_module = importlib.import_module(f'models.{config.model_name}')
-  model_cfg = train.model_config(config)
-  _, _, state, step_fn, _ = train.build(config, mesh)
+  model_cfg = trainer.checks.model_config(config)
+  _, _, state, step_fn, _ = trainer.state.build(config, mesh)
   batch_size = config.train.batch_size
   local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
                                        batch_size=batch_size // jax.process_count())

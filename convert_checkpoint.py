@@ -7,7 +7,7 @@
 
 A converted workdir is what a pretraining run leaves: config.json (configs/
 bert_base.py or configs/gpt.py with the checkpoint's sizes), the vocabulary
-and its casing, an orbax checkpoint; --config.init_from, train.load_trained
+and its casing, an orbax checkpoint; --config.init_from, trainer.state.load_trained
 and --to=hf read it with no further flag. The casing: HF's
 tokenizer_config.json do_lower_case; for a TF release the directory's name
 (uncased_L-12_H-768_A-12, cased_...); else the vocabulary (capitalized pieces
@@ -47,13 +47,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-import checkpoints
-import cli
+from trainer import checkpoints
+from trainer import cli
 import input_pipeline
-import train
+import trainer.checks
+import trainer.state
 from configs import bert_base
 from configs import gpt as gpt_configs
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 # Leaves of each kind of module: ours, HF's, TF's, and the formats storing the matrix (out, in).
 LINEAR = (('kernel', 'weight', 'kernel', ('hf',)), ('bias', 'bias', 'bias', ()))  # torch Linear
@@ -223,7 +224,8 @@ def our_config(family: str, ref: dict, source: str, lower_case: bool):
 
 def model_init(config):
   """A function making the params of our model built from `config`, as its `init` makes them."""
-  model = importlib.import_module(f'models.{config.model_name}').Model(train.model_config(config))
+  model = importlib.import_module(f'models.{config.model_name}').Model(
+      trainer.checks.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
   return lambda: traverse_util.flatten_dict(nn.meta.unbox(  # noqa: E731
       model.init(jax.random.key(config.seed), example, deterministic=True)['params']), sep='/')
@@ -404,7 +406,7 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
 
 def export_hf(workdir: str, output: str) -> str:
   """Writes a BERT workdir as an HF BertForPreTraining directory; returns a summary."""
-  config, _, params, tokenizer = train.load_trained(workdir, 'bert', '--to=hf')
+  config, _, params, tokenizer = trainer.state.load_trained(workdir, 'bert', '--to=hf')
   weights = os.path.join(output, 'model.safetensors')
   if os.path.exists(weights):
     raise ValueError(f'--output={output} already holds model.safetensors: pass a new directory.')

@@ -63,10 +63,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import train
-from input_pipeline import glove as glove_lib
+import trainer.state
+from input_pipeline.common import glove as glove_lib
 from input_pipeline import gpt_finetune
-from input_pipeline import words as words_lib
+from input_pipeline.common import words as words_lib
 from models import bert
 from models import bert_feature_tagger
 from models import cove
@@ -81,7 +81,7 @@ RUN_NAMES = {'elmo': 'an ELMo', 'cove': 'a CoVe', 'bert': 'a BERT'}
 
 def load_bilm(workdir: str) -> tuple[ml_collections.ConfigDict, elmo.Model, dict, object]:
   """The config, pretraining model, parameters (latest checkpoint) and vocabulary of an ELMo run."""
-  return train.load_trained(workdir, 'elmo', 'extract_features.py (configs/elmo.py)')
+  return trainer.state.load_trained(workdir, 'elmo', 'extract_features.py (configs/elmo.py)')
 
 
 def read_sentences(path: str) -> list[str]:
@@ -350,7 +350,7 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
   if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
     raise ValueError(f'--output={output!r}: its directory does not exist; create it first.')
   sentences = read_sentences(input_path)
-  config, model, params, vocab = train.load_trained(
+  config, model, params, vocab = trainer.state.load_trained(
       workdir, ('elmo', 'cove', 'bert'),
       'extract_features.py (configs/elmo.py, configs/cove.py or BERT)')
   check_flags(config.model_name, layers=layers, combine=combine, max_seq_length=max_seq_length,

@@ -19,14 +19,15 @@ import jax
 import ml_collections
 import numpy as np
 
-import decoding
-import train
+from models import decoding
+import trainer.state
 from models import gpt
 
 
 def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, object]:
   """The config, model, parameters (latest checkpoint) and tokenizer of a GPT workdir."""
-  return train.load_trained(workdir, 'gpt', 'generate.py (configs/gpt.py, configs/gpt_finetune.py)')
+  return trainer.state.load_trained(workdir, 'gpt',
+                                    'generate.py (configs/gpt.py, configs/gpt_finetune.py)')
 
 
 def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float,

@@ -44,7 +44,7 @@ import sys
 from absl import app
 from absl import flags
 
-import cli
+from trainer import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')

@@ -8,7 +8,7 @@
         --workdir=runs/cvt_tiny_supervised
 
 Variants:
-  tiny               the offline synthetic NER task (input_pipeline/synthetic_tagging.py)
+  tiny               the offline synthetic NER task (input_pipeline/tasks/synthetic_tagging.py)
                      with 200 labeled sentences and its unlabeled text; minutes on a CPU.
   tiny_multitask     its names and part-of-speech tasks sharing one encoder.
   conll2003          CoNLL 2003 NER from TFDS, unlabeled sentences from lm1b (the 1 Billion

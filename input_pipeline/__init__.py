@@ -2,7 +2,9 @@
 
 A pipeline is a module of this package named by config.data.pipeline
 (bert_pretraining, packed_lm, gpt_finetune, bilm, tagging, cvt,
-translation, word_classification, bert_finetune, squad). It exports
+translation, word_classification, bert_finetune, squad). What they share is
+in common/ (text sources, tokenizers, GloVe, the resumable iterators); the
+offline tasks and the task metrics are in tasks/. It exports
 `get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
 process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
 synthetic batch of the same feature spec.
@@ -23,9 +25,7 @@ import weakref
 import ml_collections
 import numpy as np
 
-from input_pipeline import sources
-# Importing the submodule also binds input_pipeline.tokenizer; get_dataset's argument has that name.
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import sources
 
 Batch = dict[str, np.ndarray]
 

@@ -45,15 +45,15 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from input_pipeline import example_iterator
+from input_pipeline.common import example_iterator
 from input_pipeline import gpt_finetune
 from input_pipeline import tagging
-from input_pipeline import task_metrics
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.tasks import task_metrics
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
 SEQUENCE_KINDS = ('classification', 'entailment', 'similarity')
-# example_batch's ids: the WordPiece layout of input_pipeline/tokenizer.py.
+# example_batch's ids: the WordPiece layout of input_pipeline/common/tokenizer.py.
 _PAD, _CLS, _SEP = 0, 2, 3
 
 
@@ -232,7 +232,7 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str, tokenizer) ->
 
 
 def score(task, examples: Examples, predictions: dict[str, np.ndarray]) -> dict[str, float]:
-  """The task's metrics from maintained libraries (input_pipeline/task_metrics.py)."""
+  """The task's metrics from maintained libraries (input_pipeline/tasks/task_metrics.py)."""
   if is_tagging(task):
     predicted = task_metrics.by_example(predictions, 'predicted_tags', len(examples))
     names = task.label_names

@@ -15,7 +15,7 @@ With data.next_sentence_prediction False an example is [CLS] A [SEP] with A up
 to L - 2 tokens, segment_ids are all 0 and batches carry no next_sentence_labels
 (so the objective trains MLM alone).
 
-Order and resume (input_pipeline/chunked.py): the host's document stream is
+Order and resume (input_pipeline/common/chunked.py): the host's document stream is
 cut into chunks of data.docs_per_chunk documents. The examples of chunk c in
 epoch e are built, shuffled and masked by one generator seeded from (seed, e,
 c, process_index), so segment pairs and masks are drawn afresh each epoch
@@ -30,8 +30,8 @@ import itertools
 import ml_collections
 import numpy as np
 
-from input_pipeline import chunked
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import chunked
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 # Per document, its sentences' (starts, ends) into the chunk's flat token array.
 Spans = list[tuple[list[int], list[int]]]

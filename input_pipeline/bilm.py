@@ -7,7 +7,7 @@ forward LM predicting the next token and the backward LM the previous one
 within a window. Feature spec of a host-local batch (numpy, static shapes; B
 batch, L = data.max_seq_length, W = data.max_characters_per_token):
 
-  token_ids  int32 (B, L)     word ids (input_pipeline/words.py), 0 at padding
+  token_ids  int32 (B, L)     word ids (input_pipeline/common/words.py), 0 at padding
   char_ids   int32 (B, L, W)  character ids of each token, 0 at padding
   lengths    int32 (B,)       tokens in the row: L, except the last row of a chunk
 
@@ -16,7 +16,7 @@ document in order) do not overlap, are shuffled within the chunk, and the
 last one is padded rather than dropped, so every token is input exactly once
 per epoch. A TFDS text dataset of one sentence per example (lm1b, feature
 'text') is a corpus of one-sentence documents. Order and resume as in
-input_pipeline/chunked.py. A chunk holds 4 W + 4 bytes per token (about 200
+input_pipeline/common/chunked.py. A chunk holds 4 W + 4 bytes per token (about 200
 at W = 50): size data.docs_per_chunk to memory.
 """
 
@@ -25,8 +25,8 @@ import functools
 import ml_collections
 import numpy as np
 
-from input_pipeline import chunked
-from input_pipeline import words as words_lib
+from input_pipeline.common import chunked
+from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]
 

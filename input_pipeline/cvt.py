@@ -34,10 +34,10 @@ import math
 import ml_collections
 import numpy as np
 
-from input_pipeline import chunked
-from input_pipeline import example_iterator
+from input_pipeline.common import chunked
+from input_pipeline.common import example_iterator
 from input_pipeline import tagging
-from input_pipeline import words as words_lib
+from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]
 

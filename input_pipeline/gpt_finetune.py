@@ -28,7 +28,7 @@ per example, L = data.max_seq_length):
 
 Tasks (TASKS): GLUE and SNLI from TFDS (downloaded when named), PIQA and
 HellaSwag for multiple choice, and four offline tasks made from the embedded
-corpus (input_pipeline/offline_tasks.py), so that fine-tuning runs with no
+corpus (input_pipeline/tasks/offline_tasks.py), so that fine-tuning runs with no
 download.
 
 Order and resume: every host loads and tokenizes all the examples of a split
@@ -49,10 +49,10 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from input_pipeline import example_iterator
-from input_pipeline import offline_tasks
-from input_pipeline import sources
-from input_pipeline import task_metrics
+from input_pipeline.common import example_iterator
+from input_pipeline.tasks import offline_tasks
+from input_pipeline.common import sources
+from input_pipeline.tasks import task_metrics
 
 KINDS = ('classification', 'entailment', 'similarity', 'multiple_choice')
 # example_batch's ids, the byte-level BPE layout; words from 5 on.
@@ -386,7 +386,7 @@ def tfds_examples(name: str, data_cfg: ml_collections.ConfigDict,
 
 class FinetuneIterator(example_iterator.ExampleIterator):
   """Host-local batches of one task's split, exactly resumable (sec. 3.3); `score` rates an eval
-  pass with GLUE's metrics (input_pipeline/task_metrics.py)."""
+  pass with GLUE's metrics (input_pipeline/tasks/task_metrics.py)."""
 
   def __init__(self, data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):

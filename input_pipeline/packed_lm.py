@@ -27,7 +27,7 @@ target exactly once per epoch, and nothing is lost at row boundaries (the
 simpler rule, targets only inside a row, would drop 1 target in L). Targets
 never cross documents: a trailing eot predicts nothing.
 
-Order and resume (input_pipeline/chunked.py): rows are shuffled within their
+Order and resume (input_pipeline/common/chunked.py): rows are shuffled within their
 chunk of data.docs_per_chunk documents by a generator seeded from (seed,
 epoch, chunk, process_index); the eval split repeats the same rows in the
 same order every pass, whatever the seed.
@@ -39,9 +39,9 @@ import itertools
 import ml_collections
 import numpy as np
 
-from input_pipeline import chunked
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import chunked
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
 # example_batch's ids, the byte-level BPE layout: <|pad|> 0, <|endoftext|> 1, specials to 4.

@@ -87,15 +87,15 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from input_pipeline import example_iterator
-from input_pipeline import offline_tasks
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import example_iterator
+from input_pipeline.tasks import offline_tasks
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
 TASKS = ('squad', 'offline_span')
 TFDS_NAME = 'squad/v1.1'
-# example_batch's ids: the WordPiece layout of input_pipeline/tokenizer.py.
+# example_batch's ids: the WordPiece layout of input_pipeline/common/tokenizer.py.
 _PAD, _CLS, _SEP = 0, 2, 3
 # offline_span (see the module docstring).
 CONTEXT_WORDS = 150

@@ -5,7 +5,7 @@ word. Sentences longer than data.max_seq_length - 2 words lose their last
 words. Feature spec of a host-local batch (numpy, static shapes; B batch,
 L = data.max_seq_length, W = data.max_characters_per_token):
 
-  token_ids        int32   (B, L)     word ids (input_pipeline/words.py), 0 at padding
+  token_ids        int32   (B, L)     word ids (input_pipeline/common/words.py), 0 at padding
   char_ids         int32   (B, L, W)  character ids of each token, 0 at padding
   lengths          int32   (B,)       tokens of the framed sentence (words + 2)
   labels           int32   (B, L)     tag id of each word; 0 at <S>, </S> and padding
@@ -22,7 +22,7 @@ Tasks (TASKS, by data.task):
                     distribution of the split's words (so frequency is no
                     cue), never by the same word; tag 1 marks a replaced word.
                     Train and eval sentences come from the corpus's train and
-                    eval documents (input_pipeline/offline_tasks.py), at most
+                    eval documents (input_pipeline/tasks/offline_tasks.py), at most
                     data.max_train_examples and data.max_eval_examples (0 = all).
   offline_capitalized  likewise from the embedded corpus: sentences of 5 to
                     L - 2 words, lower-cased; tag 1 marks a word that the
@@ -44,11 +44,11 @@ import zlib
 import ml_collections
 import numpy as np
 
-from input_pipeline import example_iterator
-from input_pipeline import offline_tasks
-from input_pipeline import sources
-from input_pipeline import synthetic_tagging
-from input_pipeline import words as words_lib
+from input_pipeline.common import example_iterator
+from input_pipeline.tasks import offline_tasks
+from input_pipeline.common import sources
+from input_pipeline.tasks import synthetic_tagging
+from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]
 # TFDS conll2003's 'ner' ClassLabel names (conll_dataset_builder_utils.NER_TAGS), in id order.
@@ -74,7 +74,7 @@ REPLACED_SHARE, _MAX_DRAWS = 0.15, 100
 class Task:
   """Where a tagging task's sentences and tags come from."""
   label_names: tuple[str, ...]  # by tag id
-  source: str = 'tfds'  # 'tfds' | 'offline' | 'synthetic' (input_pipeline/synthetic_tagging.py)
+  source: str = 'tfds'  # 'tfds' | 'offline' | 'synthetic' (input_pipeline/tasks/synthetic_tagging.py)
   min_words: int = 1
   tfds_name: str = ''
   tokens_feature: str = 'tokens'

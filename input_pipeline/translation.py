@@ -42,11 +42,11 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from input_pipeline import chunked
-from input_pipeline import glove
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline import words as words_lib
+from input_pipeline.common import chunked
+from input_pipeline.common import glove
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.common import words as words_lib
 
 PAIR_SOURCES = ('offline', 'files', 'tfds')
 Pair = list[str]  # [source sentence, target sentence]

@@ -21,7 +21,7 @@ Tasks (data.task): the classification, entailment and similarity tasks of
 input_pipeline/gpt_finetune.py TASKS: GLUE and SNLI from TFDS (downloaded
 when named; x = the premise or first text, y = the hypothesis or second),
 and the offline ones made from the embedded corpus
-(input_pipeline/offline_tasks.py: offline_shuffled for single sentences,
+(input_pipeline/tasks/offline_tasks.py: offline_shuffled for single sentences,
 offline_next and offline_same_doc for pairs). Multiple choice and
 regression (STS-B) are not BCN tasks here.
 
@@ -35,9 +35,9 @@ import os
 import ml_collections
 import numpy as np
 
-from input_pipeline import example_iterator
+from input_pipeline.common import example_iterator
 from input_pipeline import gpt_finetune
-from input_pipeline import words as words_lib
+from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]
 KINDS = ('classification', 'entailment', 'similarity')

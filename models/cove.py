@@ -41,7 +41,7 @@ from models import lstm
 
 Array = jax.Array
 
-UNKNOWN_WORD_ID = 2  # input_pipeline/words.py: <S> </S> <UNK>, then words
+UNKNOWN_WORD_ID = 2  # input_pipeline/common/words.py: <S> </S> <UNK>, then words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +293,7 @@ def load_pretrained(config, params: Any, tokenizer) -> Any:
   """`params` with GloVe's vectors of the source vocabulary in the word table (data.glove_file)."""
   if not config.data.get('glove_file'):
     return params
-  from input_pipeline import glove  # pylint: disable=g-import-not-at-top
+  from input_pipeline.common import glove  # pylint: disable=g-import-not-at-top
   table = params['word_vectors']['table']['embedding']
   # The vocabulary holds only words of the file (input_pipeline/translation.py), and the
   # rows of <S> </S> <UNK> stay zero: <UNK> reads the learned vector instead.

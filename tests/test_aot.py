@@ -9,7 +9,7 @@ from configs import bert_base
 from configs import gpt
 from configs import transformer_wmt
 from models import layers
-import train
+import trainer.checks
 
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
@@ -81,9 +81,9 @@ def test_flash_attention_is_refused_off_tpu_and_with_attention_dropout():
   config = bert_base.get_config('tiny')
   config.model.attention = 'flash'
   with pytest.raises(ValueError, match='is a TPU kernel'):
-    train.model_config(config, 'cpu')
+    trainer.checks.model_config(config, 'cpu')
   with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
-    train.model_config(config, 'tpu')
+    trainer.checks.model_config(config, 'tpu')
 
 
 def test_a_step_too_large_for_the_chip_is_one_line():

@@ -15,11 +15,14 @@ import numpy as np
 import optax
 import pytest
 
-import checkpoints
+from trainer import checkpoints
 import extract_features
 import input_pipeline
-import sharding
-import train
+from trainer import sharding
+import trainer.checks
+import trainer.optimizer
+import trainer.state
+import trainer.steps
 from configs import bert_base
 from configs import common
 from models import bert
@@ -62,7 +65,7 @@ def bert_run(tmp_path_factory):
     f.write('\n'.join(VOCAB) + '\n')
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
-  model = bert.Model(train.model_config(config))
+  model = bert.Model(trainer.checks.model_config(config))
   example = input_pipeline.example_batch(config.data, MODEL['vocab_size'], batch_size=1)
   params = _params(model, example, seed=0)
   mngr = checkpoints.manager(workdir, 1)
@@ -341,7 +344,7 @@ def test_init_from_fills_the_bert_subtree(bert_run, tmp_path):
   params = _params(model, _batch())
   config = ml_collections.ConfigDict(dict(init_from=workdir, model_name='bert_feature_tagger',
                                           data=dict(task='offline_capitalized')))
-  loaded = train.init_params(params, config)
+  loaded = trainer.state.init_params(params, config)
   # Every BERT array the tagger has (not the MLM head) comes from the run; the rest is as it was.
   assert set(loaded['bert']) == set(saved) - {'mlm_transform', 'mlm_ln', 'mlm_output_bias'}
   jax.tree.map(np.testing.assert_array_equal, loaded['bert'],
@@ -351,17 +354,17 @@ def test_init_from_fills_the_bert_subtree(bert_run, tmp_path):
   for name in set(params) - {'bert'}:
     jax.tree.map(np.testing.assert_array_equal, loaded[name], params[name])
 
-  # train.check_init_from accepts the BERT run for this model, and refuses other sizes.
+  # trainer.checks.check_init_from accepts the BERT run for this model, and refuses other sizes.
   config = ml_collections.ConfigDict({
       'model_name': 'bert_feature_tagger', 'init_from': workdir, 'model': TAGGER,
       'data': {'tokenizer': 'wordpiece', 'lower_case': True}})
-  train.check_init_from(config, str(tmp_path))
+  trainer.checks.check_init_from(config, str(tmp_path))
   config.model.hidden_size = 64
   with pytest.raises(ValueError, match='hidden_size'):
-    train.check_init_from(config, str(tmp_path))
+    trainer.checks.check_init_from(config, str(tmp_path))
 
 
-@pytest.mark.slow  # train.create_state compiles the initializers: 10 s of CPU
+@pytest.mark.slow  # trainer.state.create_state compiles the initializers: 10 s of CPU
 def test_a_train_step_on_a_mesh_moves_only_the_task_model():
   """train.py's state and step, data x tensor sharded, with BERT frozen under weight decay."""
   config = ml_collections.ConfigDict({'seed': 0, 'train': {'grad_accum_steps': 1}})
@@ -374,12 +377,12 @@ def test_a_train_step_on_a_mesh_moves_only_the_task_model():
   opt = ml_collections.ConfigDict(dict(name='adamw', learning_rate=0.01, b1=0.9, b2=0.999,
                                        eps=1e-8, weight_decay=0.1, clip_norm=1.0,
                                        frozen=('bert',)))
-  tx = train.make_optimizer(opt, optax.constant_schedule(0.01))
+  tx = trainer.optimizer.make_optimizer(opt, optax.constant_schedule(0.01))
   local = _batch()
-  state, shardings = train.create_state(model, tx, local, 0, mesh, config.logical_axis_rules,
-                                        opt.frozen)
+  state, shardings = trainer.state.create_state(model, tx, local, 0, mesh,
+                                                config.logical_axis_rules, opt.frozen)
   before = jax.device_get(state.params)
-  step = train.make_train_step(model, tagging.loss_fn, tx, config, mesh, shardings)
+  step = trainer.steps.make_train_step(model, tagging.loss_fn, tx, config, mesh, shardings)
   with jax.set_mesh(mesh):
     state, metrics = step(state, sharding.global_batch(local, mesh))
   after = jax.device_get(state.params)

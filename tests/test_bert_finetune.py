@@ -9,11 +9,14 @@ import pytest
 from configs import bert_finetune as bert_finetune_config
 from input_pipeline import bert_finetune
 from input_pipeline import tagging
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import tokenizer as tokenizer_lib
 from models import bert
 from objectives import classification
 from objectives import span
 from objectives import tagging as tagging_objective
+import trainer.checks
+import trainer.state
+from trainer import sharding
 
 WORDS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'john', 'lives', 'in', 'wash', '##ing',
          '##ton', '.', 'd', 'c', 'the', 'city']
@@ -229,28 +232,25 @@ def test_a_task_with_the_wrong_head_is_refused_in_one_line():
 
 
 def test_part_of_an_eval_split_is_refused_for_a_scored_task():
-  import sharding  # pylint: disable=g-import-not-at-top
-  import train  # pylint: disable=g-import-not-at-top
   config = bert_finetune_config.get_config('offline_next,tiny')
   mesh = sharding.make_mesh(config.mesh)
-  train.validate(config, mesh)
+  trainer.checks.validate(config, mesh)
   config.train.eval_steps = 3
   with pytest.raises(ValueError, match='set train.eval_steps=0'):
-    train.validate(config, mesh)
+    trainer.checks.validate(config, mesh)
 
 
 def test_sizes_and_casing_left_unset_come_from_init_from(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
-  import train  # pylint: disable=g-import-not-at-top
   pretrained = bert_finetune_config.get_config('sst2,mini').to_dict()
   pretrained['data']['lower_case'] = False
   (tmp_path / 'config.json').write_text(json.dumps(pretrained))
   config = bert_finetune_config.get_config('sst2')
   assert config.model.hidden_size is None and config.data.lower_case is None
   with pytest.raises(ValueError, match='set --config.init_from'):
-    train.inherit_unset_fields(config, str(tmp_path / 'run'))
+    trainer.checks.inherit_unset_fields(config, str(tmp_path / 'run'))
   config.init_from = str(tmp_path)
-  train.inherit_unset_fields(config, str(tmp_path / 'run'))
+  trainer.checks.inherit_unset_fields(config, str(tmp_path / 'run'))
   assert (config.model.hidden_size, config.model.num_layers) == (256, 4)
   assert config.data.lower_case is False
   assert config.model.num_labels == 2 and config.model.head == 'classify'
@@ -259,7 +259,7 @@ def test_sizes_and_casing_left_unset_come_from_init_from(tmp_path):
 def _fine_tuned_run(workdir, task, num_labels):
   """A workdir as fine-tuning leaves one: config.json naming the task, a checkpoint."""
   import json  # pylint: disable=g-import-not-at-top
-  import checkpoints  # pylint: disable=g-import-not-at-top
+  from trainer import checkpoints  # pylint: disable=g-import-not-at-top
   (workdir / 'config.json').write_text(json.dumps({'data': {'task': task}}))
   params = _head_params(num_labels, seed=1)
   mngr = checkpoints.manager(str(workdir), 1)
@@ -281,12 +281,11 @@ def _head_params(num_labels, seed):
 def test_another_tasks_head_starts_afresh_from_a_fine_tuned_run(tmp_path, task, num_labels,
                                                                  head_kept):
   # Sec. 4: each task adds its own output layer; only the same task's run gives its head.
-  import train  # pylint: disable=g-import-not-at-top
   saved = _fine_tuned_run(tmp_path, 'sst2', 2)
   params = _head_params(num_labels, seed=2)
   config = ml_collections.ConfigDict(dict(init_from=str(tmp_path), model_name='bert',
                                           data=dict(task=task)))
-  loaded = train.init_params(params, config)
+  loaded = trainer.state.init_params(params, config)
   for encoder_part in ('token_embed', 'layer_1', 'pooler'):
     jax.tree.map(np.testing.assert_array_equal, loaded[encoder_part], saved[encoder_part])
   expected = saved['classifier'] if head_kept else params['classifier']
@@ -306,7 +305,7 @@ def test_finetune_configs_name_their_pipeline_objective_and_head():
 
 
 def test_offline_capitalized_tags_the_words_the_corpus_capitalizes_after_the_first(monkeypatch):
-  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  from input_pipeline.common import sources  # pylint: disable=g-import-not-at-top
   documents = [['The value None means no RFC applies here.', 'Use Python or not at all today.'],
                ['too short .']]
   monkeypatch.setattr(sources, 'documents', lambda cfg, split: iter(documents))

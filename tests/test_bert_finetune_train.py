@@ -23,7 +23,7 @@ _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JA
 
 _RUN = """
 import os, sys
-import train
+import trainer.loop
 from configs import bert_finetune
 root, pretrained, data_dir, finetune_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 for task in sys.argv[5:]:
@@ -34,7 +34,7 @@ for task in sys.argv[5:]:
   config.train.update(num_steps=finetune_steps, eval_every=finetune_steps,
                       checkpoint_every=finetune_steps)
   config.optimizer.warmup_steps = finetune_steps // 10
-  train.train_and_evaluate(config, os.path.join(root, task))
+  trainer.loop.train_and_evaluate(config, os.path.join(root, task))
 """
 
 
@@ -93,7 +93,7 @@ def results(root, task):
 
 @pytest.mark.slow
 def test_pair_classification_beats_the_majority_class(runs):
-  # The task's labels are balanced (input_pipeline/offline_tasks.py): the majority is 0.5,
+  # The task's labels are balanced (input_pipeline/tasks/offline_tasks.py): the majority is 0.5,
   # and 0.56 is over two standard errors above it on these 400 eval examples.
   scores = results(runs, 'offline_next')
   print(f'BERT tiny ({PRETRAIN_STEPS} pretraining steps), offline_next, {FINETUNE_STEPS} steps: {scores}')

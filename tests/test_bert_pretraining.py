@@ -427,7 +427,7 @@ def test_user_errors_are_one_line():
 
 
 def test_get_dataset_entry_point(monkeypatch):
-  from input_pipeline import sources
+  from input_pipeline.common import sources
   monkeypatch.setattr(sources, 'documents', documents_fn(make_documents(50)))
   cfg = data_config(docs_per_chunk=10)
   dataset = input_pipeline.get_dataset(cfg, 'train', tokenizer=FakeTokenizer(), batch_size=16,

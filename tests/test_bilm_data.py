@@ -9,8 +9,8 @@ import pytest
 
 import input_pipeline
 from input_pipeline import bilm
-from input_pipeline import sources
-from input_pipeline import words as words_lib
+from input_pipeline.common import sources
+from input_pipeline.common import words as words_lib
 
 FIELDS = {'token_ids': np.int32, 'char_ids': np.int32, 'lengths': np.int32}
 UNK = 2

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from configs import gpt
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 TEXT = ['The quick brown fox jumps over the lazy dog.',
         'A lazy dog sleeps all day, the quick fox runs.',
@@ -101,7 +101,7 @@ def test_learn_bpe_is_deterministic(tmp_path):
   first = tokenizer_lib.learn_bpe(TEXT, 350, True, str(tmp_path / 'a.json'))
   second = tokenizer_lib.learn_bpe(iter(TEXT), 350, True, str(tmp_path / 'b.json'))
   # The library's hash maps are seeded per process: another process must agree too.
-  script = ('import sys; from input_pipeline import tokenizer as t; '
+  script = ('import sys; from input_pipeline.common import tokenizer as t; '
             f'from tests.test_bpe import TEXT; t.learn_bpe(TEXT, 350, True, sys.argv[1])')
   third = str(tmp_path / 'c.json')
   subprocess.run([sys.executable, '-c', script, third], check=True,

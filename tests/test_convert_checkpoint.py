@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import checkpoints
+from trainer import checkpoints
 import convert_checkpoint
 import input_pipeline
-import train
+import trainer.checks
+import trainer.state
 from configs import bert_finetune
 from configs import gpt_finetune as gpt_finetune_configs
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import tokenizer as tokenizer_lib
 from models import bert
 
 # The reference implementations (requirements-parity.txt, installed by requirements-dev.txt):
@@ -90,7 +91,7 @@ def _bert_batch():
 def _assert_bert_matches(workdir, reference, heads=True):
   """Every layer's hidden states (real positions), the pooled output and the MLM and NSP logits
   (unless the heads are fresh), at atol 1e-4."""
-  config, model, params, _ = train.load_trained(workdir, 'bert', 'test')
+  config, model, params, _ = trainer.state.load_trained(workdir, 'bert', 'test')
   batch = _bert_batch()
   positions = np.broadcast_to(np.arange(12, dtype=np.int32), (2, 12))
   ours = model.apply({'params': params}, {**batch, 'masked_lm_positions': positions},
@@ -154,16 +155,16 @@ def test_converted_workdir_is_a_pretraining_workdir(hf_bert, bert_workdir, tmp_p
   assert (saved['model']['num_layers'], saved['model']['mlp_dim'], saved['data']['lower_case'],
           saved['data']['max_seq_length']) == (2, 64, False, 64)
   tokenizer = input_pipeline.get_tokenizer(
-      train.load_trained(bert_workdir, 'bert', 'test')[0].data, 100, saved_dir=bert_workdir)
+      trainer.state.load_trained(bert_workdir, 'bert', 'test')[0].data, 100, saved_dir=bert_workdir)
   assert tokenizer.lower_case is False and tokenizer.encode('W1 w2') == [1, 7]
   # Fine-tuning from it: sizes and casing inherited, init_from accepted, the new head reported.
   config = bert_finetune.get_config('offline_shuffled')
   config.init_from = bert_workdir
   run = str(tmp_path / 'run')
-  train.inherit_unset_fields(config, run)
-  train.check_init_from(config, run)
+  trainer.checks.inherit_unset_fields(config, run)
+  trainer.checks.check_init_from(config, run)
   assert config.model.hidden_size == 32 and config.data.lower_case is False
-  model = bert.Model(train.model_config(config))
+  model = bert.Model(trainer.checks.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
@@ -178,7 +179,7 @@ def test_converted_workdir_is_a_pretraining_workdir(hf_bert, bert_workdir, tmp_p
 
 
 def test_export_leaves_out_finetuning_heads(hf_bert, bert_workdir, tmp_path):
-  config, _, params, _ = train.load_trained(bert_workdir, 'bert', 'test')
+  config, _, params, _ = trainer.state.load_trained(bert_workdir, 'bert', 'test')
   config.model.num_labels = 3
   params = {**jax.device_get(params), 'classifier': {'kernel': np.ones((32, 3), np.float32),
                                                      'bias': np.zeros(3, np.float32)}}
@@ -192,7 +193,7 @@ def test_export_leaves_out_finetuning_heads(hf_bert, bert_workdir, tmp_path):
 
 
 def test_a_scan_layers_run_exports_as_its_unstacked_layers(hf_bert, bert_workdir, tmp_path):
-  config, _, params, _ = train.load_trained(bert_workdir, 'bert', 'test')
+  config, _, params, _ = trainer.state.load_trained(bert_workdir, 'bert', 'test')
   params = jax.device_get(params)
   layers = [params.pop(f'layer_{i}') for i in range(config.model.num_layers)]
   params['layers'] = {'block': jax.tree.map(lambda *xs: np.stack(xs), *layers)}
@@ -225,7 +226,7 @@ def test_old_bert_model_checkpoint_gets_fresh_heads(tmp_path):
   assert 'Not in the checkpoint, initialized:' in summary
   assert sorted(summary.split('initialized: ')[1].rstrip('.').split(', ')) == sorted(heads)
   _assert_bert_matches(str(tmp_path / 'run'), reference, heads=False)
-  assert train.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
+  assert trainer.state.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
 
 
 def test_missing_unexpected_and_misshapen_tensors_are_named(hf_bert, tmp_path):
@@ -293,13 +294,13 @@ def test_tf_checkpoint_matches_transformers(hf_bert, tmp_path):
   _write_tf_checkpoint(hf_bert[0], str(release))
   convert_checkpoint.convert('tf', str(release), str(tmp_path / 'run'))
   _assert_bert_matches(str(tmp_path / 'run'), hf_bert[1])
-  assert train.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
+  assert trainer.state.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
   # A directory without the release's name is read off its vocabulary: capitalized pieces
   # make it cased; the flag always decides.
   renamed = tmp_path / 'my_bert'
   shutil.copytree(release, renamed)
   convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run2'))
-  assert train.load_trained(str(tmp_path / 'run2'), 'bert', 'test')[3].lower_case is True
+  assert trainer.state.load_trained(str(tmp_path / 'run2'), 'bert', 'test')[3].lower_case is True
   vocab = (renamed / 'vocab.txt').read_text(encoding='utf-8').replace('\nw7\n', '\nW7\n')
   assert 'W7' in vocab
   (renamed / 'vocab.txt').write_text(vocab, encoding='utf-8')
@@ -334,7 +335,8 @@ def test_gpt_hidden_states_and_tokenizer_match_transformers(hf_gpt, tmp_path):
   path, reference = hf_gpt
   assert reference.config.afn == 'gelu'  # HF's openai-gpt computes it with the tanh GELU
   convert_checkpoint.convert('hf', str(path), str(tmp_path / 'run'))
-  config, model, params, tokenizer = train.load_trained(str(tmp_path / 'run'), 'gpt', 'test')
+  config, model, params, tokenizer = trainer.state.load_trained(str(tmp_path / 'run'), 'gpt',
+                                                                'test')
   V = reference.config.vocab_size
   assert config.model.vocab_size == V + 5 and config.data.lower_case is True
   assert (tokenizer.pad_id, tokenizer.eot_id, tokenizer.extract_id) == (V, V + 1, V + 4)
@@ -360,8 +362,8 @@ def test_gpt_hidden_states_and_tokenizer_match_transformers(hf_gpt, tmp_path):
   # GPT fine-tuning without a size takes the converted model's sizes and casing, no flag needed.
   finetune = gpt_finetune_configs.get_config('offline_shuffled')
   finetune.init_from = str(tmp_path / 'run')
-  train.inherit_unset_fields(finetune, str(tmp_path / 'finetuned'))
-  train.check_init_from(finetune, str(tmp_path / 'finetuned'))
+  trainer.checks.inherit_unset_fields(finetune, str(tmp_path / 'finetuned'))
+  trainer.checks.check_init_from(finetune, str(tmp_path / 'finetuned'))
   assert finetune.model.vocab_size == V + 5 and finetune.data.lower_case is True
 
 

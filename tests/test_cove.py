@@ -8,14 +8,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-import decoding
-import translate
-import train
+from models import decoding
+import trainer.checks
+import trainer.optimizer
 from configs import cove as cove_config
-from input_pipeline import glove
+from input_pipeline.common import glove
 from input_pipeline import translation
-from input_pipeline import words as words_lib
+from input_pipeline.common import words as words_lib
 from models import cove
+from trainer import sharding
+import input_pipeline
 
 V, SOURCE_V = 30, 25
 BOS, EOS = 2, 1
@@ -130,8 +132,8 @@ def test_beam_of_one_is_greedy_and_greedy_is_each_steps_argmax():
                                  max_length=8, alpha=0.0)
   np.testing.assert_array_equal(greedy, beam)
   np.testing.assert_array_equal(
-      translate.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=8,
-                              bos_id=BOS, eos_id=EOS), greedy)
+      decoding.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=8,
+                             bos_id=BOS, eos_id=EOS), greedy)
   # The reference: the full teacher-forced pass on the tokens chosen so far.
   tokens = np.full((3, 9), BOS, np.int32)
   for t in range(8):
@@ -149,8 +151,8 @@ def test_beam_of_one_is_greedy_and_greedy_is_each_steps_argmax():
   assert np.all(_log_prob(model, params, source, beam4) >=
                 _log_prob(model, params, source, greedy) - 1e-4)
   np.testing.assert_array_equal(
-      translate.translate_ids(model, params, source, beam_size=4, alpha=0.0, max_length=8,
-                              bos_id=BOS, eos_id=EOS), beam4)
+      decoding.translate_ids(model, params, source, beam_size=4, alpha=0.0, max_length=8,
+                             bos_id=BOS, eos_id=EOS), beam4)
 
 
 def _log_prob(model, params, source, tokens_BT):
@@ -186,7 +188,7 @@ def test_only_the_word_table_is_frozen():
   import optax  # pylint: disable=g-import-not-at-top
   model, params, _ = _setup()
   config = cove_config.get_config('tiny')
-  tx = train.make_optimizer(config.optimizer, optax.constant_schedule(0.1))
+  tx = trainer.optimizer.make_optimizer(config.optimizer, optax.constant_schedule(0.1))
   grads = jax.tree.map(jnp.ones_like, params)
   updates, _ = tx.update(grads, tx.init(params), params)
   assert not np.asarray(updates['word_vectors']['table']['embedding']).any()
@@ -196,11 +198,12 @@ def test_only_the_word_table_is_frozen():
 
 def test_a_frozen_name_that_matches_nothing_is_refused():
   model, params, _ = _setup()
-  train.check_frozen(('word_vectors/table', 'bilm'), params)  # no 'bilm' part: nothing to freeze
+  # No 'bilm' part: nothing to freeze.
+  trainer.optimizer.check_frozen(('word_vectors/table', 'bilm'), params)
   with pytest.raises(ValueError, match="'word_vector/table', which is no parameter"):
-    train.check_frozen(('word_vectors', 'word_vector/table'), params)
+    trainer.optimizer.check_frozen(('word_vectors', 'word_vector/table'), params)
   with pytest.raises(ValueError, match="'encoder/layer9'"):
-    train.check_frozen(('encoder/layer9',), params)
+    trainer.optimizer.check_frozen(('encoder/layer9',), params)
 
 
 def test_config_errors_are_one_line():
@@ -211,15 +214,15 @@ def test_config_errors_are_one_line():
   config = cove_config.get_config('tiny')
   config.model.hidden_size = 0
   with pytest.raises(ValueError, match='model.hidden_size'):
-    train.model_config(config)
+    trainer.checks.model_config(config)
   config = cove_config.get_config('tiny')
   config.data.glove_file = '/nonexistent/glove.txt'
   with pytest.raises(ValueError, match='data.glove_file'):
-    train.input_pipeline.check_config(config)
+    input_pipeline.check_config(config)
   # One value for the source vocabulary of the pipeline and the model.
   config = cove_config.get_config('tiny')
   config.data.source_vocab_size = 123
-  assert train.model_config(config).source_vocab_size == 123
+  assert trainer.checks.model_config(config).source_vocab_size == 123
 
 
 # GloVe: the standard text format, unknown words.
@@ -264,13 +267,13 @@ def _cove_data(tmp_path, glove_file='') -> ml_collections.ConfigDict:
 
 def test_glove_vocabulary_and_vectors_in_the_parameters(tmp_path):
   config = _cove_data(tmp_path, _write_glove(tmp_path / 'glove.txt'))
-  train.validate(config, train.sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  trainer.checks.validate(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
   tokenizer = translation.get_tokenizer(config.data, config.model.vocab_size)
   # Source words are the training sources' words that GloVe has, by frequency.
   assert tokenizer.source.words == [*words_lib.SPECIAL_WORDS, 'the', 'cat', 'sat', 'mat']
   assert tokenizer.encode_source_batch(['the dog sat'])[0] == [3, 2, 5]  # dog is <UNK>
   assert set(tokenizer.files()) == {'words.txt', 'tokenizer.json'}
-  model = cove.Model(train.model_config(config))
+  model = cove.Model(trainer.checks.model_config(config))
   example = translation.example_batch(config.data, 300, 2)
   assert example['source_ids'].max() < 20 and example['source_segment_ids'].max() == 1
   params = nn.meta.unbox(model.init(jax.random.key(0), example)['params'])
@@ -290,4 +293,4 @@ def test_glove_vocabulary_and_vectors_in_the_parameters(tmp_path):
   wide = _cove_data(tmp_path, _write_glove(tmp_path / 'glove.txt'))
   wide.model.word_dim = 4
   with pytest.raises(ValueError, match='3-d vectors but model.word_dim=4'):
-    train.input_pipeline.check_config(wide)
+    input_pipeline.check_config(wide)

@@ -12,6 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+import trainer.state
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One subprocess on one device: a GloVe-format file of random 50-d vectors for the 3,997 most
@@ -22,9 +24,10 @@ _RUN = """
 import itertools, sys
 import numpy as np
 import extract_features
-import train
+import trainer.loop
 from configs import cove
-from input_pipeline import translation, words
+from input_pipeline import translation
+from input_pipeline.common import words
 workdir, data_dir, sentences = sys.argv[1:4]
 config = cove.get_config('tiny')
 config.data.data_dir = data_dir
@@ -37,7 +40,7 @@ with open(workdir + '/glove.txt', 'w', encoding='utf-8') as f:
 config.data.glove_file = workdir + '/glove.txt'
 config.train.update(eval_every=300, checkpoint_every=600, eval_steps=4)
 config.decode.bleu_examples = 64
-train.train_and_evaluate(config, workdir)
+trainer.loop.train_and_evaluate(config, workdir)
 extract_features.extract(workdir, sentences, workdir + '/cove.h5')
 extract_features.extract(workdir, sentences, workdir + '/glove_file.h5', glove=config.data.glove_file)
 extract_features.extract(workdir, sentences, workdir + '/cove_only.npz', cove_only=True)
@@ -46,7 +49,7 @@ bcn = cove_classifier.get_config('offline_shuffled,tiny')
 bcn.init_from = workdir
 bcn.data.data_dir = data_dir
 bcn.train.update(num_steps=120, eval_every=120, checkpoint_every=120)
-train.train_and_evaluate(bcn, workdir + '/bcn')
+trainer.loop.train_and_evaluate(bcn, workdir + '/bcn')
 """
 
 SENTENCES = ['Return the value of the attribute.', 'An unknown zzzqqq word here .']
@@ -85,10 +88,9 @@ def test_tiny_bleu_rises_well_above_the_start(trained):
 @pytest.mark.slow
 def test_features_are_glove_and_cove_of_every_word(trained):
   import h5py  # pylint: disable=g-import-not-at-top
-  import extract_features  # pylint: disable=g-import-not-at-top
-  from input_pipeline import glove  # pylint: disable=g-import-not-at-top
-  from input_pipeline import words as words_lib  # pylint: disable=g-import-not-at-top
-  config, model, params, tokenizer = extract_features.train.load_trained(trained, 'cove', 'test')
+  from input_pipeline.common import glove  # pylint: disable=g-import-not-at-top
+  from input_pipeline.common import words as words_lib  # pylint: disable=g-import-not-at-top
+  config, model, params, tokenizer = trainer.state.load_trained(trained, 'cove', 'test')
   W, X = config.model.word_dim, 2 * config.model.hidden_size
   with h5py.File(os.path.join(trained, 'cove.h5'), 'r') as f:
     features = [f[str(i)][()] for i in range(len(SENTENCES))]
@@ -121,14 +123,13 @@ def test_features_are_glove_and_cove_of_every_word(trained):
 
 @pytest.mark.slow
 def test_the_classifier_on_glove_and_cove_beats_the_majority_class(trained):
-  import train  # pylint: disable=g-import-not-at-top
   with open(os.path.join(trained, 'bcn', 'metrics.jsonl'), encoding='utf-8') as f:
     final = [m for m in map(json.loads, f) if 'eval_accuracy' in m][-1]
   print(f'BCN on [GloVe; CoVe], offline_shuffled, 120 steps: eval accuracy '
         f'{final["eval_accuracy"]:.3f} (balanced labels: majority 0.5)')
   assert final['step'] == 120 and final['eval_accuracy'] > 0.7
-  _, _, bcn, _ = train.load_trained(os.path.join(trained, 'bcn'), 'bcn', 'test')
-  _, _, cove, _ = train.load_trained(trained, 'cove', 'test')
+  _, _, bcn, _ = trainer.state.load_trained(os.path.join(trained, 'bcn'), 'bcn', 'test')
+  _, _, cove, _ = trainer.state.load_trained(trained, 'cove', 'test')
   for part in ('word_vectors', 'encoder'):  # frozen, as the paper keeps GloVe and the MT-LSTM
     for a, b in zip(jax.tree.leaves(bcn[part]), jax.tree.leaves(cove[part])):
       np.testing.assert_array_equal(a, b)

@@ -6,7 +6,7 @@ import pytest
 import input_pipeline
 from configs import cvt as cvt_configs
 from input_pipeline import cvt
-from input_pipeline import synthetic_tagging
+from input_pipeline.tasks import synthetic_tagging
 from input_pipeline import tagging
 
 

@@ -16,20 +16,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a short multi-task run.
 _RUNS = """
 import sys
-import train
+import trainer.loop
 from configs import cvt
 for workdir, ratio in ((sys.argv[1], 1.0), (sys.argv[2], 0.0)):
   config = cvt.get_config('tiny')
   config.data.data_dir = sys.argv[3]
   config.data.unlabeled_ratio = ratio
-  train.train_and_evaluate(config, workdir)
+  trainer.loop.train_and_evaluate(config, workdir)
 # And a few steps of the two offline tasks sharing the encoder.
 config = cvt.get_config('tiny_multitask')
 config.data.data_dir = sys.argv[3]
 config.data.update(max_train_examples=40, max_eval_examples=16)
 config.train.update(batch_size=8, num_steps=4, eval_every=4, checkpoint_every=4)
 config.optimizer.warmup_steps = 0
-train.train_and_evaluate(config, sys.argv[4])
+trainer.loop.train_and_evaluate(config, sys.argv[4])
 """
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import decoding
+from models import decoding
 from models import gpt
 
 V = 50

@@ -11,6 +11,7 @@ import pytest
 from models import elmo
 from models import elmo_tagger
 from objectives import tagging
+import trainer.optimizer
 
 TINY = dict(vocab_size=40, char_dim=4, max_characters_per_token=6, filters=((1, 4), (2, 6)),
             num_highway=1, projection_dim=8, lstm_dim=12, num_layers=2, num_sampled=0,
@@ -119,18 +120,17 @@ def test_frozen_parameters_get_no_update_even_with_weight_decay():
   """optimizer.frozen: the biLM stays as pretrained (sec. 3.3), whatever its gradient."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  import train  # pylint: disable=g-import-not-at-top
   opt_cfg = ml_collections.ConfigDict(dict(
       name='adamw', learning_rate=0.1, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.5,
       clip_norm=1.0, frozen=('bilm',)))
   params = {'bilm': {'kernel': jnp.ones((3, 2))}, 'classifier': {'kernel': jnp.ones((2, 2))}}
   grads = jax.tree.map(jnp.ones_like, params)  # a gradient the stop-gradient would have zeroed
-  tx = train.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
+  tx = trainer.optimizer.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
   updates, _ = tx.update(grads, tx.init(params), params)
   assert not np.asarray(updates['bilm']['kernel']).any()
   assert np.asarray(updates['classifier']['kernel']).all()
   opt_cfg.frozen = ()
-  tx = train.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
+  tx = trainer.optimizer.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
   assert np.asarray(tx.update(grads, tx.init(params), params)[0]['bilm']['kernel']).all()
 
 

@@ -13,8 +13,8 @@ import pytest
 
 import extract_features
 from configs import elmo as elmo_configs
-from input_pipeline import sources
-from input_pipeline import words as words_lib
+from input_pipeline.common import sources
+from input_pipeline.common import words as words_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One device: 8 simulated devices on 2 cores would slow these runs several times.

@@ -18,11 +18,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import checkpoints
 import input_pipeline
-import metric_writer
-import train
 from test_train import micro_config
+from trainer import checkpoints
+from trainer import metric_writer
+import trainer.loop
+import trainer.state
+import trainer.steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,12 +79,12 @@ def damage(workdir, step, how):
 def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
     data_dir, tmp_path, capsys, how):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
   run = str(tmp_path / 'run')
-  train.train_and_evaluate(config, run, stop_after_steps=4)
+  trainer.loop.train_and_evaluate(config, run, stop_after_steps=4)
   damage(run, 4, how)
   capsys.readouterr()
-  resumed = train.train_and_evaluate(config, run)
+  resumed = trainer.loop.train_and_evaluate(config, run)
   out = capsys.readouterr()
   lines = [l for l in out.out.splitlines() if l.startswith('Checkpoint step 4')]
   assert len(lines) == 1 and 'resuming from step 2' in lines[0], out.out
@@ -95,12 +97,12 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before
 def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing(
     data_dir, tmp_path):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  train.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
+  trainer.loop.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
   damage(str(tmp_path), 4, 'flipped bytes')
   damage(str(tmp_path), 2, 'truncated array file')
   with pytest.raises(ValueError, match=r'No checkpoint in .* restores \(step 4: .*; step 2: '
                      r'.*\): .*move the directory aside') as error:
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.loop.train_and_evaluate(config, str(tmp_path))
   assert '\n' not in str(error.value)
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
   assert not os.path.exists(tmp_path / 'unreadable_checkpoints')
@@ -109,9 +111,9 @@ def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing
 @pytest.mark.slow
 def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
   run = str(tmp_path / 'run')
-  state = train.train_and_evaluate(config, run, stop_after_steps=4)
+  state = trainer.loop.train_and_evaluate(config, run, stop_after_steps=4)
   # What a bad disk or another program might leave: step 5 with a NaN in it, written directly.
   leaves, treedef = jax.tree.flatten(state.params)
   leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(np.nan)
@@ -122,7 +124,7 @@ def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys)
                                       data=ocp.args.JsonSave(position)))
   mngr.wait_until_finished()
   capsys.readouterr()
-  resumed = train.train_and_evaluate(config, run)
+  resumed = trainer.loop.train_and_evaluate(config, run)
   out = capsys.readouterr().out
   assert 'Checkpoint step 5 cannot be resumed from (params/' in out and 'is not finite' in out, out
   assert 'resuming from step 4' in out
@@ -132,7 +134,7 @@ def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys)
 def test_a_state_that_is_not_finite_is_never_saved(data_dir, tmp_path, monkeypatch):
   """Parameters that overflow while the loss and gradient norm stayed finite: the checkpoint
   of that step is refused; the last good one is named and kept."""
-  make_train_step = train.make_train_step
+  make_train_step = trainer.steps.make_train_step
 
   def spoiling(*args, **kwargs):
     step_fn = make_train_step(*args, **kwargs)
@@ -144,11 +146,11 @@ def test_a_state_that_is_not_finite_is_never_saved(data_dir, tmp_path, monkeypat
       return state, metrics
     return step
 
-  monkeypatch.setattr(train, 'make_train_step', spoiling)
+  monkeypatch.setattr(trainer.state, 'make_train_step', spoiling)  # where build() looks it up
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
   with pytest.raises(FloatingPointError, match=r'params/.* is not finite at step 4, so it was not '
                      r'saved; the last good checkpoint is step 2'):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.loop.train_and_evaluate(config, str(tmp_path))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2']
 
 
@@ -173,16 +175,16 @@ def test_a_nan_batch_stops_the_run_with_the_last_good_checkpoint_intact(data_dir
       return getattr(self.stream, name)
 
   config = micro_config(data_dir, num_steps=8, checkpoint_every=2)
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
   monkeypatch.setattr(input_pipeline, 'get_train_stream',
                       lambda *a, **k: Poisoned(get_train_stream(*a, **k)))
   run = str(tmp_path / 'run')
   with pytest.raises(FloatingPointError, match=r'Loss is nan .* at step 5; the last good '
                      r'checkpoint is step 4'):
-    train.train_and_evaluate(config, run)
+    trainer.loop.train_and_evaluate(config, run)
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['2', '4']
   monkeypatch.undo()  # the data is fixed; the same command resumes from step 4
-  resumed = train.train_and_evaluate(config, run)
+  resumed = trainer.loop.train_and_evaluate(config, run)
   assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
 
 
@@ -195,11 +197,13 @@ def test_a_run_resumes_on_another_mesh(data_dir, tmp_path, first, then):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=3)
   config.mesh = then
   then_devices = jax.devices()[:np.prod([n for _, n in then])]
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'), devices=then_devices)
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'),
+                                             devices=then_devices)
   config.mesh = first
-  train.train_and_evaluate(config, str(tmp_path / 'run'), stop_after_steps=3)
+  trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'), stop_after_steps=3)
   config.mesh = then
-  resumed = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=then_devices)
+  resumed = trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'),
+                                            devices=then_devices)
   assert jax.tree.leaves(resumed.params)[0].sharding.mesh.shape == dict(then)
   # Sums over other shardings round differently; the data and the steps are the same.
   assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params),

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from input_pipeline import gpt_finetune
-from input_pipeline import offline_tasks
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.tasks import offline_tasks
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 S = gpt_finetune.Specials(start=2, delim=3, extract=4)
 OFFLINE = ('offline_shuffled', 'offline_next', 'offline_same_doc', 'offline_cloze')
-# WordPiece's GPT roles (input_pipeline/tokenizer.py), for a tokenizer that lacks them.
+# WordPiece's GPT roles (input_pipeline/common/tokenizer.py), for a tokenizer that lacks them.
 ROLES = {'pad_id': '[PAD]', 'eot_id': '[SEP]', 'start_id': '[CLS]', 'delim_id': '[SEP]',
          'extract_id': '[MASK]'}
 

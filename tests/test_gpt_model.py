@@ -309,8 +309,8 @@ def test_user_errors_are_one_line():
 
 def test_sharded_gradients_and_sampling_equal_single_device():
   # A data x fsdp x tensor mesh over the 8 simulated devices, packed rows.
-  import decoding  # pylint: disable=g-import-not-at-top
-  import sharding  # pylint: disable=g-import-not-at-top
+  from models import decoding  # pylint: disable=g-import-not-at-top
+  from trainer import sharding  # pylint: disable=g-import-not-at-top
   from objectives import lm  # pylint: disable=g-import-not-at-top
   rules = (('batch', ('data', 'fsdp')), ('vocab', 'tensor'), ('embed', 'fsdp'),
            ('mlp', 'tensor'), ('heads', 'tensor'), ('kv', None), ('length', None),

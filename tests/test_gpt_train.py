@@ -12,9 +12,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 import input_pipeline
-import train
-from models import gpt
 from configs import gpt_finetune as finetune_configs
+from models import gpt
+from trainer import sharding
+import trainer.checks
+import trainer.loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,22 +36,22 @@ _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JA
 PRETRAIN_STEPS = 200
 _PRETRAIN = """
 import sys
-import train
+import trainer.loop
 from configs import gpt
 config = gpt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
-train.train_and_evaluate(config, sys.argv[1], stop_after_steps=int(sys.argv[3]))
+trainer.loop.train_and_evaluate(config, sys.argv[1], stop_after_steps=int(sys.argv[3]))
 """
 _FINETUNE = """
 import sys
-import train
+import trainer.loop
 from configs import gpt_finetune
 config = gpt_finetune.get_config('offline_shuffled,tiny')
 config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
 # The corpus's sentences are short: 48 tokens keep almost all of them whole.
 config.data.update(max_examples=4000, max_seq_length=48)
 config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)
-train.train_and_evaluate(config, sys.argv[1])
+trainer.loop.train_and_evaluate(config, sys.argv[1])
 """
 
 
@@ -102,9 +104,9 @@ def test_finetuning_from_pretrained_beats_the_majority_class(pretrained, data_di
 def test_init_from_loads_the_pretrained_transformer(pretrained, data_dir, tmp_path):
   config = finetune_config('offline_next', pretrained, data_dir)
   config.data.max_examples = 200
-  mesh = train.sharding.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh):
-    run = train.setup(config, str(tmp_path), mesh)
+    run = trainer.loop.setup(config, str(tmp_path), mesh)
   params = jax.device_get(run.state.params)
   # The checkpoint read on its own, without the code under test.
   step_dir = os.path.join(pretrained, 'checkpoints', str(PRETRAIN_STEPS), 'state')
@@ -112,7 +114,7 @@ def test_init_from_loads_the_pretrained_transformer(pretrained, data_dir, tmp_pa
   assert sorted(params) == sorted([*saved, 'classifier'])
   jax.tree.map(np.testing.assert_array_equal, {k: params[k] for k in saved}, saved)
   # Pretraining moved the weights, so a fresh initialization would not pass the check above.
-  model = gpt.Model(train.model_config(config))
+  model = gpt.Model(trainer.checks.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
   fresh = nn.meta.unbox(model.init(jax.random.key(config.seed), example)['params'])
   assert not np.allclose(fresh['layer_0']['mlp']['wi']['kernel'],
@@ -128,9 +130,9 @@ def test_init_from_with_another_size_is_one_clear_line(pretrained, data_dir, tmp
   config.data.data_dir = data_dir
   with pytest.raises(ValueError, match=r'config.model.vocab_size=16384 but the run in '
                      r'config.init_from has model.vocab_size=4096: pick the size'):
-    train.check_init_from(config, str(tmp_path))
+    trainer.checks.check_init_from(config, str(tmp_path))
   with pytest.raises(ValueError, match='the workdir itself'):
-    train.check_init_from(config, pretrained)
+    trainer.checks.check_init_from(config, pretrained)
 
 
 @pytest.mark.slow

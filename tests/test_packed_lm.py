@@ -13,7 +13,7 @@ import pytest
 import input_pipeline
 from configs import gpt
 from input_pipeline import packed_lm
-from input_pipeline import sources
+from input_pipeline.common import sources
 
 PAD, EOT = 0, 1
 FIELDS = ('input_ids', 'targets', 'weights', 'segment_ids', 'positions')

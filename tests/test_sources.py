@@ -8,8 +8,8 @@ import types
 import pytest
 
 from configs import bert_base
-from input_pipeline import sources
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import sources
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 # Documents 0..4 across two files in the reference format.
 A_TXT = ('Doc zero, sentence one.\nDoc zero, sentence two.\n\n\n'

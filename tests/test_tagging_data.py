@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import input_pipeline
-from input_pipeline import sources
+from input_pipeline.common import sources
 from input_pipeline import tagging
-from input_pipeline import words as words_lib
+from input_pipeline.common import words as words_lib
 
 FIELDS = {'token_ids': np.int32, 'char_ids': np.int32, 'lengths': np.int32, 'labels': np.int32,
           'label_weights': np.float32, 'example_weights': np.float32}

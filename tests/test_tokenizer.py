@@ -12,7 +12,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 # The layout of the released BERT vocabularies: [PAD] 0, [UNK] 100 ...
 VOCAB = ['[PAD]', '[unused0]', '[unused1]', '[UNK]', '[CLS]', '[SEP]', '[MASK]',

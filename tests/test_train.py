@@ -12,8 +12,11 @@ import optax
 import pytest
 
 import input_pipeline
-import sharding
-import train
+from trainer import sharding
+import trainer.checks
+import trainer.loop
+import trainer.optimizer
+import trainer.state
 from configs import cove as cove_configs
 from configs import cvt as cvt_configs
 from configs import gpt_finetune as finetune_configs
@@ -52,7 +55,7 @@ def read_metrics(workdir):
 
 def _three_steps(config, devices):
   mesh = sharding.make_mesh(config.mesh, devices)
-  _, _, state, step, _ = train.build(config, mesh)
+  _, _, state, step, _ = trainer.state.build(config, mesh)
   local = input_pipeline.example_batch(config.data, config.model.vocab_size,
                                        batch_size=config.train.batch_size)
   losses, grad_norms = [], []
@@ -67,11 +70,13 @@ def _three_steps(config, devices):
 
 def _gradients(config, devices):
   mesh = sharding.make_mesh(config.mesh, devices)
-  model = importlib.import_module(f'models.{config.model_name}').Model(train.model_config(config))
+  model = importlib.import_module(f'models.{config.model_name}').Model(
+      trainer.checks.model_config(config))
   objective = importlib.import_module(f'objectives.{config.objective}')
   local = input_pipeline.example_batch(config.data, config.model.vocab_size,
                                        batch_size=config.train.batch_size)
-  state, _ = train.create_state(model, optax.sgd(0.1), local, 0, mesh, config.logical_axis_rules)
+  state, _ = trainer.state.create_state(model, optax.sgd(0.1), local, 0, mesh,
+                                        config.logical_axis_rules)
 
   def loss(params, batch):
     with nn.logical_axis_rules(config.logical_axis_rules):
@@ -176,9 +181,9 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
 def test_resume_is_exact(data_dir, tmp_path, make_config):
   config = make_config(data_dir)
   config.data.docs_per_chunk = 3  # the 6 steps cross many chunk boundaries
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
-  train.train_and_evaluate(config, str(tmp_path / 'resumed'), stop_after_steps=3)
-  resumed = train.train_and_evaluate(config, str(tmp_path / 'resumed'))
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
+  trainer.loop.train_and_evaluate(config, str(tmp_path / 'resumed'), stop_after_steps=3)
+  resumed = trainer.loop.train_and_evaluate(config, str(tmp_path / 'resumed'))
   assert int(straight.step) == int(resumed.step) == 6
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params),
                jax.device_get(straight.params))
@@ -189,10 +194,10 @@ def test_resume_is_exact(data_dir, tmp_path, make_config):
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   config = micro_config(data_dir, num_steps=8, checkpoint_every=2)
-  train.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
+  trainer.loop.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
   config.optimizer.learning_rate = 1e30
   with pytest.raises(FloatingPointError, match=r'at step \d+; the last good checkpoint is step 4'):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.loop.train_and_evaluate(config, str(tmp_path))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
 
 
@@ -200,30 +205,30 @@ def test_a_bad_eval_split_stops_the_run_before_it_trains(data_dir, tmp_path):
   config = finetune_micro_config(data_dir)
   config.data.eval_holdout = 10**6  # no example is held out
   with pytest.raises(ValueError, match="'eval' split .* lower data.eval_holdout"):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.loop.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
 
 
 def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_path):
   config = finetune_micro_config(data_dir, num_steps=4, checkpoint_every=4)
-  train.train_and_evaluate(config, str(tmp_path))
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
   path = tmp_path / 'metrics.jsonl'
   lines = path.read_text().splitlines()
   results = [json.loads(line) for line in lines if '"results"' in line]
   assert len(results) == 1 and 'eval_accuracy' in results[0]['results']
   # As if stopped after the last checkpoint, before the eval and results lines were written.
   path.write_text('\n'.join(line for line in lines if 'eval_' not in line) + '\n')
-  train.train_and_evaluate(config, str(tmp_path))
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
   again = [json.loads(line) for line in path.read_text().splitlines() if '"results"' in line]
   assert len(again) == 1 and again[0]['results'] == results[0]['results']
-  train.train_and_evaluate(config, str(tmp_path))  # finished: nothing more is written
+  trainer.loop.train_and_evaluate(config, str(tmp_path))  # finished: nothing more is written
   assert len(path.read_text().splitlines()) == len(lines)
 
 
 def test_mlm_only_variant_trains_without_nsp(data_dir, tmp_path):
   config = micro_config(data_dir, num_steps=2, checkpoint_every=2)
   config.data.next_sentence_prediction = False
-  train.train_and_evaluate(config, str(tmp_path))
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
   logged = read_metrics(tmp_path)
   assert logged and all(not any(k.startswith(('nsp', 'eval_nsp')) for k in m) for m in logged)
   assert np.isfinite(logged[-1]['eval_mlm_loss'])
@@ -234,12 +239,12 @@ def test_schedule_and_weight_decay_follow_bert():
   # of LayerNorm parameters and biases.
   opt = bert_config('tiny').optimizer
   opt.update(learning_rate=1e-4, warmup_steps=100)
-  schedule = train.learning_rate_schedule(opt, 1000)
+  schedule = trainer.optimizer.learning_rate_schedule(opt, 1000)
   np.testing.assert_allclose([float(schedule(s)) for s in (0, 50, 100, 550, 1000)],
                              [0.0, 5e-5, 9e-5, 4.5e-5, 0.0], rtol=1e-6, atol=1e-12)
   params = {'embed_ln': {'scale': 1.0, 'bias': 1.0}, 'layer_0': {'mlp': {'wi': {
       'kernel': 1.0, 'bias': 1.0}}}, 'mlm_output_bias': 1.0, 'token_embed': {'embedding': 1.0}}
-  assert train.decay_mask(params) == {
+  assert trainer.optimizer.decay_mask(params) == {
       'embed_ln': {'scale': False, 'bias': False},
       'layer_0': {'mlp': {'wi': {'kernel': True, 'bias': False}}},
       'mlm_output_bias': False, 'token_embed': {'embedding': True}}
@@ -249,13 +254,13 @@ def test_cvt_schedule_and_momentum_follow_cvt_text():
   # multitask_model.py: lr * min(step, warmup) / warmup / (1 + decay * sqrt(step)).
   opt = ml_collections.ConfigDict(dict(learning_rate=0.5, warmup_steps=100,
                                        schedule='inverse_sqrt', decay_rate=0.005))
-  schedule = train.learning_rate_schedule(opt, 1000)
+  schedule = trainer.optimizer.learning_rate_schedule(opt, 1000)
   steps = np.array([0, 50, 100, 400, 10_000])
   expected = 0.5 * np.minimum(steps / 100, 1) / (1 + 0.005 * np.sqrt(steps))
   np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6)
   # TF's MomentumOptimizer: v = 0.9 v + g, param -= lr v.
   opt.update(name='sgd', momentum=0.9, clip_norm=1e9, warmup_steps=0)
-  tx = train.make_optimizer(opt, lambda step: 0.1)
+  tx = trainer.optimizer.make_optimizer(opt, lambda step: 0.1)
   params = {'w': np.float32(1.0)}
   state = tx.init(params)
   for _ in range(2):
@@ -268,11 +273,11 @@ def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
   # Vaswani et al. 2017, eq. 3: d^-0.5 min(step^-0.5, step warmup^-1.5), d = 512, warmup 4000.
   opt = ml_collections.ConfigDict(dict(learning_rate=512 ** -0.5 * 4000 ** -0.5,
                                        warmup_steps=4000, schedule='rsqrt'))
-  schedule = train.learning_rate_schedule(opt, 100_000)
+  schedule = trainer.optimizer.learning_rate_schedule(opt, 100_000)
   steps = np.array([1, 1000, 4000, 16_000, 100_000])
   expected = 512 ** -0.5 * np.minimum(steps ** -0.5, steps * 4000 ** -1.5)
   np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-5)
   opt.update(name='sgd', momentum=0.0, clip_norm=0.0)
-  tx = train.make_optimizer(opt, lambda step: 1.0)
+  tx = trainer.optimizer.make_optimizer(opt, lambda step: 1.0)
   updates, _ = tx.update({'w': np.float32(50.0)}, tx.init({'w': np.float32(0.0)}))
   np.testing.assert_allclose(updates['w'], -50.0)

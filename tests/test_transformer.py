@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import decoding
-import translate
+from models import decoding
 from models import layers
 from models import transformer
 from objectives import seq2seq
@@ -150,8 +149,8 @@ def test_cached_decoding_equals_recomputation(scan):
   params = _trained_like_params(model, {'source_ids': source,
                                         'target_input_ids': _ids(3, 5)})
   T = 8
-  cached = translate.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=T,
-                                   bos_id=BOS, eos_id=-1)
+  cached = decoding.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=T,
+                                  bos_id=BOS, eos_id=-1)
   # The reference: each step reruns the decoder on everything so far, no cache (the later
   # slots of the buffer are zeros, which a causal decoder does not see).
   full = jax.jit(lambda target: model.apply({'params': params}, {
@@ -199,8 +198,8 @@ def test_beam_of_one_is_greedy_search():
                                  max_length=10, alpha=0.0)
   np.testing.assert_array_equal(greedy, beam)
   # And through the cached path of translate.py.
-  cached = translate.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=10,
-                                   bos_id=BOS, eos_id=EOS)
+  cached = decoding.translate_ids(model, params, source, beam_size=1, alpha=0.0, max_length=10,
+                                  bos_id=BOS, eos_id=EOS)
   np.testing.assert_array_equal(cached, greedy)
 
 

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from configs import transformer_wmt
-from input_pipeline import tokenizer as tokenizer_lib
+import input_pipeline
+from input_pipeline.common import tokenizer as tokenizer_lib
 from input_pipeline import translation
+import trainer.checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,30 +132,29 @@ def test_iterator_is_static_and_exactly_resumable(tmp_path):
 
 
 def test_config_errors_are_one_line(tmp_path):
-  import train  # pylint: disable=g-import-not-at-top
   config = transformer_wmt.get_config('tiny')
   config.data.pairs = 'files'
   with pytest.raises(ValueError, match='data.source_files and data.target_files'):
-    train.input_pipeline.check_config(config)
+    input_pipeline.check_config(config)
   config.data.pairs = 'web'
   with pytest.raises(ValueError, match='Unknown data.pairs'):
-    train.input_pipeline.check_config(config)
+    input_pipeline.check_config(config)
   config = transformer_wmt.get_config('tiny')
   config.model.positions = 'rotary'
   with pytest.raises(ValueError, match='model.positions'):
-    train.model_config(config)
+    trainer.checks.model_config(config)
 
 
 # End to end, in one subprocess on one device: 300 steps of :tiny, BLEU at steps 150 and 300.
 _RUN = """
 import sys
-import train
+import trainer.loop
 from configs import transformer_wmt
 config = transformer_wmt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
 config.train.update(num_steps=300, eval_every=150, checkpoint_every=300, eval_steps=4)
 config.decode.bleu_examples = 64
-train.train_and_evaluate(config, sys.argv[1])
+trainer.loop.train_and_evaluate(config, sys.argv[1])
 """
 
 

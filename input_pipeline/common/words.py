@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.common import tokenizer as tokenizer_lib
 
 BOS, EOS, UNK = '<S>', '</S>', '<UNK>'
 SPECIAL_WORDS = (BOS, EOS, UNK)

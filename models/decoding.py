@@ -13,10 +13,14 @@ continues right after its own last prompt token:
 """
 
 import functools
+import importlib
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from input_pipeline import translation
 
 Array = jax.Array
 
@@ -258,3 +262,67 @@ def beam_search(step: Callable, state: Any, batch_size: int, *, beam_size: int, 
   scores_B = jnp.where(none_B, alive_logp_BK[:, 0] / length_penalty(t, alpha),
                        fin_score_BK[:, 0])
   return tokens_BT, scores_B
+
+
+# ----------------------------------------------------------------------------
+# Text to text: a translation model's output for sentences (translate.py and the BLEU of evals).
+# ----------------------------------------------------------------------------
+
+LENGTH_BUCKET = 16  # source lengths are padded to a multiple of this: few compiled shapes
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_length', 'alpha',
+                                             'bos_id', 'eos_id'))
+def translate_ids(model, params, source_ids_BS: jax.Array, *, beam_size: int, alpha: float,
+                  max_length: int, bos_id: int, eos_id: int) -> jax.Array:
+  """Output ids (B, max_length) for source ids (B, S), 0 = padding.
+
+  beam_size 1 is greedy search (greedy_search), the others beam
+  search. The model's module says how it decodes: its `decoder` gives the
+  step function, the starting state of B * beam_size rows and how to
+  reorder that state (None: gather_rows).
+  """
+  B = source_ids_BS.shape[0]
+  model_module = importlib.import_module(type(model).__module__)
+  step, state, reorder = model_module.decoder(model, params, source_ids_BS,
+                                              beam_size=beam_size, max_length=max_length)
+  if beam_size == 1:
+    return greedy_search(step, state, B, bos_id=bos_id, eos_id=eos_id,
+                                  max_length=max_length)
+  tokens, _ = beam_search(step, state, B, beam_size=beam_size, bos_id=bos_id,
+                                   eos_id=eos_id, max_length=max_length, alpha=alpha,
+                                   reorder=reorder or gather_rows)
+  return tokens
+
+
+def translate(model, params, tokenizer, sentences: list[str], *, beam_size: int = 4,
+              alpha: float = 0.6, max_extra_length: int = 50, batch_size: int = 32,
+              max_length: int | None = None) -> list[str]:
+  """The translation of each sentence, in order (batched by length, then restored)."""
+  if beam_size < 1:
+    raise ValueError(f'beam_size={beam_size}: use 1 (greedy) or more.')
+  encoded = translation.encode_sources(tokenizer, list(sentences))
+  limit = (model.config.max_position_embeddings
+           if getattr(model.config, 'positions', None) == 'learned' else None)
+  order = np.argsort([len(ids) for ids in encoded], kind='stable')
+  outputs = [''] * len(encoded)
+  for start in range(0, len(order), batch_size):
+    rows = order[start:start + batch_size]
+    S = -(-max(len(encoded[i]) for i in rows) // LENGTH_BUCKET) * LENGTH_BUCKET
+    T = max_length or S + max_extra_length
+    if limit is not None:
+      S, T = min(S, limit), min(T, limit)
+      if any(len(encoded[i]) > S for i in rows):
+        raise ValueError(f'A sentence has more than model.max_position_embeddings={limit} '
+                         'tokens: shorten or split it.')
+    source = np.zeros((batch_size, S), np.int32)  # a full batch: one compiled shape per S
+    for r, i in enumerate(rows):
+      source[r, :len(encoded[i])] = encoded[i]
+    ids = np.asarray(translate_ids(model, params, jnp.asarray(source), beam_size=beam_size,
+                                   alpha=float(alpha), max_length=int(T),
+                                   bos_id=tokenizer.start_id, eos_id=tokenizer.eot_id))
+    for r, i in enumerate(rows):
+      row = list(ids[r])
+      end = row.index(tokenizer.eot_id) if tokenizer.eot_id in row else len(row)
+      outputs[i] = tokenizer.decode(row[:end])
+  return outputs

@@ -28,7 +28,7 @@ import zlib
 import ml_collections
 import numpy as np
 
-from input_pipeline import sources
+from input_pipeline.common import sources
 
 # Random sentences are redrawn when they repeat a text they must differ from.
 _MAX_DRAWS = 100

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import ml_collections
 import numpy as np
 
-from input_pipeline import sources
+from input_pipeline.common import sources
 
 Examples = dict[str, np.ndarray]
 BuildFn = Callable[[list[list[str]], np.random.Generator], Examples]

@@ -5,7 +5,7 @@ pretrained on "a document-level corpus rather than a shuffled sentence-level
 corpus" (Devlin et al. 2018, sec. 3.1), and next sentence prediction needs
 the sentence order. Every source yields its documents in a fixed order; when
 no eval source is configured, every `eval_holdout`-th document is held out
-for evaluation (the synthetic language, input_pipeline/synthetic_tagging.py,
+for evaluation (the synthetic language, input_pipeline/tasks/synthetic_tagging.py,
 has train and eval documents of their own seeds). Each host reads a
 disjoint share of its split.
 
@@ -31,9 +31,9 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from input_pipeline import synthetic_tagging
-from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline import words as words_lib
+from input_pipeline.tasks import synthetic_tagging
+from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.common import words as words_lib
 
 SOURCES = ('embedded', 'files', 'tfds', 'synthetic')
 # Enough text for a good vocabulary; learning from all of Wikipedia is slow.
@@ -53,7 +53,7 @@ def documents(data_cfg: ml_collections.ConfigDict, split: str,
   if data_cfg.source == 'tfds':
     docs = _tfds_documents(data_cfg, split, process_index, process_count)
   elif data_cfg.source in ('files', 'embedded', 'synthetic'):
-    # The synthetic language is CVT's offline unlabeled text (input_pipeline/synthetic_tagging.py).
+    # The synthetic language is CVT's offline unlabeled text (input_pipeline/tasks/synthetic_tagging.py).
     docs = (synthetic_tagging.documents(split) if data_cfg.source == 'synthetic'
             else _file_documents(data_cfg, split))
     docs = itertools.islice(docs, process_index, None, process_count)

@@ -1,0 +1,156 @@
+"""Config checks: every mistake a user can make is caught here, in one line naming the fix,
+before any data is read or anything compiled."""
+
+import dataclasses
+import importlib
+import json
+import os
+from typing import Any
+
+import jax
+
+import input_pipeline
+from trainer import checkpoints
+from trainer import sharding
+from trainer.optimizer import OPTIMIZERS, SCHEDULES
+
+
+def model_config(config, platform: str | None = None) -> Any:
+  """The model's Config; dtype 'auto' resolves for `platform` (default: this process's backend)."""
+  module = importlib.import_module(f'models.{config.model_name}')
+  known = {f.name for f in dataclasses.fields(module.Config)}
+  unknown = sorted(set(config.model.keys()) - known)
+  if unknown:
+    raise ValueError(f'config.model has unknown fields {unknown}: remove them or use one of '
+                     f'{sorted(known)}.')
+  fields = config.model.to_dict()
+  platform = platform or jax.default_backend()
+  if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
+    fields['dtype'] = 'float32' if platform == 'cpu' else 'bfloat16'
+  if fields.get('attention') == 'auto':  # the kernel has no dropout on attention probabilities
+    fields['attention'] = ('flash' if platform == 'tpu' and not fields['attention_dropout_rate']
+                           else 'xla')
+  if fields.get('attention') == 'flash' and platform != 'tpu':
+    raise ValueError(f'model.attention=flash is a TPU kernel and this runs on {platform}: use '
+                     'model.attention=auto or xla.')
+  return module.Config(**fields)
+
+
+def validate(config, mesh, num_hosts: int | None = None) -> None:
+  """Raises ValueError with one line naming the fix; `num_hosts` defaults to this job's."""
+  num_hosts = num_hosts or jax.process_count()
+  model_config(config, mesh.devices.flat[0].platform)  # the model's Config checks its own fields
+  seq_len = config.data.get('max_seq_length')
+  positions = config.model.get('max_position_embeddings')
+  if seq_len and positions and seq_len > positions:
+    raise ValueError(f'data.max_seq_length={seq_len} is above model.max_position_embeddings='
+                     f'{positions}: lower data.max_seq_length or raise the position table.')
+  tc = config.train
+  dp = sharding.data_parallel_size(mesh)
+  if tc.batch_size % (dp * tc.grad_accum_steps):
+    raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the data-parallel '
+                     f'size {dp} (data x fsdp) times train.grad_accum_steps='
+                     f'{tc.grad_accum_steps}: use a multiple of {dp * tc.grad_accum_steps}.')
+  if tc.batch_size % num_hosts:
+    raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the '
+                     f'{num_hosts} hosts: use a multiple of {num_hosts}.')
+  if tc.eval_steps and config.data.get('pipeline') in input_pipeline.SCORED:
+    raise ValueError(f'train.eval_steps={tc.eval_steps}: a task is scored over its whole eval '
+                     'split (EM/F1, span F1, MCC need every example): set train.eval_steps=0.')
+  if tc.num_steps < 1 or min(tc.log_every, tc.eval_every, tc.checkpoint_every) < 1:
+    raise ValueError('train.num_steps, log_every, eval_every and checkpoint_every must be '
+                     'positive: set them to 1 or more.')
+  if config.optimizer.warmup_steps > tc.num_steps:
+    raise ValueError(f'optimizer.warmup_steps={config.optimizer.warmup_steps} exceeds '
+                     f'train.num_steps={tc.num_steps}: lower the warmup.')
+  if config.model.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+    raise ValueError(f'model.dtype={config.model.dtype!r}: use auto, float32, bfloat16 or float16.')
+  input_pipeline.check_config(config)
+  if tc.eval_steps < 0:
+    raise ValueError(f'train.eval_steps={tc.eval_steps}: use 0 for one pass of the eval split '
+                     'or the number of eval batches.')
+  if config.optimizer.get('schedule', 'linear') not in SCHEDULES:
+    raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use one of '
+                     f'{", ".join(SCHEDULES)}.')
+  if config.optimizer.get('name', 'adamw') not in OPTIMIZERS:
+    raise ValueError(f'optimizer.name={config.optimizer.name!r}: use one of '
+                     f'{", ".join(OPTIMIZERS)}.')
+  chars = (config.data.get('max_characters_per_token'),
+           config.model.get('max_characters_per_token'))
+  if None not in chars and chars[0] != chars[1]:
+    raise ValueError(f'data.max_characters_per_token={chars[0]} but model.max_characters_per_token'
+                     f'={chars[1]}: set both to the same value.')
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  if hasattr(model_module, 'check_config'):
+    model_module.check_config(config)
+  if dp % num_hosts:
+    raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
+                     f'{num_hosts} hosts, so hosts would share batch shards: '
+                     'give data or fsdp more devices in config.mesh.')
+
+
+# Fields of config.model that change parameter shapes or names, or what the loaded
+# parameters compute (a frozen biLM with other clipping would give other features).
+_SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
+                 'max_position_embeddings', 'type_vocab_size', 'scan_layers',
+                 'char_dim', 'max_characters_per_token', 'filters', 'num_highway',
+                 'projection_dim', 'lstm_dim', 'cell_clip', 'proj_clip')
+
+
+def _as_json(value: Any) -> Any:
+  """A config value as config.json holds it (tuples become lists)."""
+  return json.loads(json.dumps(value))
+
+
+def inherit_unset_fields(config, workdir: str | None) -> None:
+  """Fills the model fields and data.lower_case left None (a fine-tuning config without a size)
+  from the run the workdir resumes, or else from config.init_from, so that a converted or
+  pretrained checkpoint needs no flag for its sizes or casing."""
+  unset = [('model', k) for k, v in config.model.items() if v is None]
+  unset += [('data', 'lower_case')] if 'lower_case' in config.data and (
+      config.data.lower_case is None) else []
+  if not unset:
+    return
+  source = workdir if workdir and checkpoints.exist(workdir) else config.get('init_from')
+  path = os.path.join(source or '', 'config.json')
+  if not source or not os.path.isfile(path):
+    part, field = unset[0]
+    raise ValueError(f'config.{part}.{field} is unset and taken from the pretrained run: set '
+                     '--config.init_from to its workdir (or pick a size: <task>,<size>).')
+  with open(path, encoding='utf-8') as f:
+    saved = json.load(f)
+  for part, field in unset:
+    if saved.get(part, {}).get(field) is None:
+      raise ValueError(f'{path} has no {part}.{field}: set --config.{part}.{field}.')
+    config[part][field] = saved[part][field]
+
+
+def check_init_from(config, workdir: str) -> None:
+  """config.init_from names a finished run whose model this config can start from."""
+  if os.path.abspath(config.init_from) == os.path.abspath(workdir):
+    raise ValueError('config.init_from is the workdir itself: give the fine-tuning run a '
+                     'workdir of its own.')
+  saved_config = os.path.join(config.init_from, 'config.json')
+  if not (checkpoints.exist(config.init_from) and os.path.isfile(saved_config)):
+    raise ValueError(f'config.init_from={config.init_from!r} holds no checkpoint and '
+                     'config.json: point it at the workdir of a pretraining run.')
+  with open(saved_config, encoding='utf-8') as f:
+    saved = json.load(f)
+  # A task model may start from another model's run (the ELMo tagger from an ELMo biLM).
+  module = importlib.import_module(f'models.{config.model_name}')
+  starts_from = getattr(module, 'PRETRAINED_MODEL', config.model_name)
+  if saved.get('model_name') not in (config.model_name, starts_from):
+    raise ValueError(f'config.init_from is a {saved.get("model_name")!r} run and this config '
+                     f'trains {config.model_name!r}: start from a {starts_from!r} run.')
+  # Ours -> theirs, where a task model names the pretrained model's sizes otherwise
+  # (the BCN's word vocabulary is CoVe's source_vocab_size).
+  model_fields = getattr(module, 'INIT_FROM_FIELDS', {f: f for f in _SHAPE_FIELDS})
+  fields = ([('model', f, theirs) for f, theirs in model_fields.items() if f in config.model] +
+            [('data', f, f) for f in ('tokenizer', 'lower_case') if f in config.data])
+  for part, field, their_field in fields:
+    theirs = saved[part].get(their_field)
+    if theirs != _as_json(config[part][field]):
+      raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
+                       f'config.init_from has {part}.{their_field}={theirs}: pick the size it '
+                       f'was trained with (the config argument <task>,<size>) or set '
+                       f'--config.{part}.{field}={theirs}.')

@@ -1,0 +1,241 @@
+"""The training loop: setup (data, state, restore), steps, logs, evals, checkpoints, stops."""
+
+import dataclasses
+import importlib
+import os
+import shutil
+import signal
+import time
+from typing import Any, Callable
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+import optax
+
+import input_pipeline
+from trainer import checkpoints
+from trainer import evaluation
+from trainer import metric_writer
+from trainer import sharding
+from trainer.checks import check_init_from, inherit_unset_fields, validate
+from trainer.state import TrainState, build, init_params
+from trainer.steps import accumulate
+
+
+class StopRequested:
+  """Set by SIGTERM; the loop checkpoints and exits at the next step boundary."""
+
+  def __init__(self):
+    self.flag = False
+
+  def __call__(self, signum, frame):
+    del signum, frame
+    self.flag = True
+
+  def requested(self, step: int, every: int) -> bool:
+    """Whether any host got SIGTERM; hosts agree every `every` steps (a collective)."""
+    if jax.process_count() == 1:
+      return self.flag
+    if step % every:
+      return False
+    return bool(np.asarray(multihost_utils.process_allgather(np.array(self.flag))).any())
+
+
+def write_workdir_files(config, workdir: str, tokenizer) -> None:
+  if jax.process_index() != 0:
+    return
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  # CoVe keeps two vocabularies (source words, target subwords); the others one.
+  files = (tokenizer.files() if hasattr(tokenizer, 'files')
+           else {type(tokenizer).FILE_NAME: tokenizer.vocab_file})
+  for name, path in files.items():
+    saved = os.path.join(workdir, name)
+    if os.path.abspath(path) != os.path.abspath(saved):
+      shutil.copyfile(path, saved)
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a training run is made of, built by `setup`."""
+  config: Any
+  workdir: str
+  mesh: jax.sharding.Mesh
+  tokenizer: Any
+  train_iter: Any
+  data_shards: int
+  objective: Any
+  schedule: optax.Schedule
+  state: TrainState
+  train_step: Callable
+  eval_step: Callable
+  mngr: Any
+  eval_data: Any
+  eval_start: dict
+
+
+def setup(config, workdir: str, mesh) -> Run:
+  """Checks, data, model and state (restored if the workdir has a checkpoint)."""
+  # Checks, before any data is read or anything compiled. A resumed run needs
+  # nothing from init_from any more (it may have been moved).
+  inherit_unset_fields(config, workdir)
+  validate(config, mesh)
+  if config.get('init_from') and not checkpoints.exist(workdir):
+    check_init_from(config, workdir)
+  os.makedirs(workdir, exist_ok=True)
+
+  # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now,
+  # and a run initialized from another one takes that run's vocabulary.
+  resuming = checkpoints.exist(workdir)
+  saved_dir = workdir if resuming else config.get('init_from') or None
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size, saved_dir)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='
+                     f'{config.model.vocab_size}: set --config.model.vocab_size='
+                     f'{tokenizer.vocab_size}.')
+  # The data shards are the hosts of the run's first job, whatever the hosts are now.
+  data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
+  train_iter = input_pipeline.get_train_stream(
+      config.data, tokenizer=tokenizer, global_batch=config.train.batch_size, seed=config.seed,
+      num_shards=data_shards, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  eval_data, eval_start = evaluation.eval_batches(config, tokenizer)
+
+  # Model and state, restored with the data position when the workdir has a checkpoint.
+  objective, schedule, state, train_step, eval_step = build(config, mesh)
+  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
+  if mngr.latest_step() is not None:
+    state, shards = checkpoints.restore(mngr, state, workdir)
+    train_iter.set_state(dict(enumerate(shards)))
+    if jax.process_index() == 0:
+      print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
+  elif config.get('init_from'):
+    state = state.replace(params=init_params(state.params, config))
+  else:
+    model_module = importlib.import_module(f'models.{config.model_name}')
+    if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
+      state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
+  write_workdir_files(config, workdir, tokenizer)
+  return Run(config, workdir, mesh, tokenizer, train_iter, data_shards, objective, schedule,
+             state, train_step, eval_step, mngr, eval_data, eval_start)
+
+
+class Progress:
+  """Sums step metrics, stops on a non-finite loss, and times the steps between logs."""
+
+  def __init__(self, run: Run, step: int):
+    self.run, self.totals = run, {}
+    self.last_good_step = run.mngr.latest_step()
+    self.last_step, self.last_time, self.paused = step, time.time(), 0.0
+
+  def add(self, step: int, metrics) -> None:
+    self.totals = accumulate(self.totals, metrics)
+    # A finite loss with a non-finite gradient already spoils this step's parameters.
+    loss, grad_norm = float(self.totals['loss'][0]), float(self.totals['grad_norm'][0])
+    if not np.isfinite(loss + grad_norm):
+      raise FloatingPointError(
+          f'Loss is {loss} and gradient norm {grad_norm} at step {step}; the last good checkpoint is step '
+          f'{self.last_good_step} in {self.run.workdir}. Lower optimizer.learning_rate or '
+          'check the data.')
+
+  def save(self, step: int, state: TrainState) -> None:
+    """Starts the checkpoint of `step`; a non-finite state is never saved."""
+    try:
+      checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
+                       self.run.data_shards)
+    except FloatingPointError as e:
+      raise FloatingPointError(
+          f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '
+          'Lower optimizer.learning_rate or check the data.') from None
+    self.last_good_step = step
+
+  def summary(self, step: int) -> tuple[dict[str, float], float]:
+    """The metrics since the last call, and training steps per second (pauses excluded)."""
+    now = time.time()
+    steps_per_sec = (step - self.last_step) / max(now - self.last_time - self.paused, 1e-9)
+    summary = self.run.objective.summarize(self.totals)
+    summary['learning_rate'] = float(self.run.schedule(step - 1))
+    summary['tokens_per_sec'] = (steps_per_sec * self.run.config.train.batch_size *
+                                 self.run.config.data.max_seq_length *
+                                 self.run.config.data.get('num_choices', 1))
+    self.totals, self.last_step, self.last_time, self.paused = {}, step, now, 0.0
+    return summary, steps_per_sec
+
+
+def _agreed(flag: bool) -> bool:
+  """Host 0's answer on every host (only host 0 writes metrics.jsonl)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.array(flag)))
+
+
+def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> TrainState:
+  """Steps until train.num_steps (or a stop); logs, evaluates and checkpoints on the way."""
+  tc, state = run.config.train, run.state
+  step = int(state.step)
+  end = tc.num_steps if stop_after_steps is None else min(tc.num_steps, step + stop_after_steps)
+  if jax.process_index() == 0:
+    print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
+          f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
+          flush=True)
+  writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
+  progress, pending, start_step = Progress(run, step), None, step
+  try:
+    if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir)):
+      evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
+    elif step >= tc.num_steps and jax.process_index() == 0:
+      print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
+            'train further.', flush=True)
+    while step < end and not stop.requested(step, tc.log_every):
+      first = step == start_step
+      start = time.time()
+      state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
+      if first:
+        jax.block_until_ready(metrics)
+        progress.paused += time.time() - start
+        if jax.process_index() == 0:
+          print(f'First step (with compilation) took {time.time() - start:.1f}s.', flush=True)
+      step += 1
+      # The previous step's metrics are read while this one runs; a non-finite
+      # loss is still caught at its own step, and before any checkpoint.
+      if pending is not None:
+        progress.add(*pending)
+      pending = (step, metrics)
+      if step % tc.log_every and step % tc.checkpoint_every and step % tc.eval_every and step != end:
+        continue
+      progress.add(*pending)
+      pending = None
+      if step % tc.log_every == 0 or step == end:
+        summary, steps_per_sec = progress.summary(step)
+        writer.write(step, summary, steps_per_sec=steps_per_sec)
+      pause = time.time()
+      if step % tc.checkpoint_every == 0 or step == end:
+        progress.save(step, state)
+      if step % tc.eval_every == 0 or step == tc.num_steps:
+        evaluation.evaluate_and_write(run, state.params, step, writer)
+      progress.paused += time.time() - pause
+    if step < end:  # stopped by SIGTERM
+      if pending is not None:
+        progress.add(*pending)
+      progress.save(step, state)
+      logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
+  finally:
+    checkpoints.wait(run.mngr)
+    writer.close()
+  return state
+
+
+def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None,
+                       devices=None) -> TrainState:
+  """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption
+  would; `devices` (default: all) make the mesh."""
+  stop = StopRequested()
+  previous_handler = signal.signal(signal.SIGTERM, stop)
+  try:
+    mesh = sharding.make_mesh(config.mesh, devices)
+    with jax.set_mesh(mesh):
+      return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
+  finally:
+    signal.signal(signal.SIGTERM, previous_handler)

@@ -1,0 +1,80 @@
+"""The jitted train and eval steps."""
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from trainer import sharding
+
+
+def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callable:
+  """One jitted step: (state, global batch) -> (state, metric pairs); state donated."""
+  accum = config.train.grad_accum_steps
+  base_rng = jax.random.key(config.seed + 1)
+  rules = config.logical_axis_rules
+
+  def compute_loss(params, batch, rng):
+    # 'sampling' draws the sampled softmax's classes (ELMo); other models ignore it.
+    outputs = model.apply({'params': params}, batch, deterministic=False,
+                          rngs={'dropout': rng, 'sampling': jax.random.fold_in(rng, 1 << 30)})
+    return loss_fn(outputs, batch)
+
+  grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+
+  def micro_batches(batch):
+    # Strided split: every micro-batch keeps an equal share on every data shard.
+    def split(x):
+      x = x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1)
+      return nn.with_logical_constraint(x, (None, 'batch') + (None,) * (x.ndim - 2))
+    return jax.tree.map(split, batch)
+
+  def train_step(state, batch):
+    with nn.logical_axis_rules(rules):
+      rng = jax.random.fold_in(base_rng, state.step)
+      if accum == 1:
+        (_, metrics), grads = grad_fn(state.params, batch, rng)
+      else:
+        def micro_step(micro, micro_rng):
+          (_, m), g = grad_fn(state.params, micro, micro_rng)
+          return g, m
+        micros = micro_batches(batch)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+            micro_step, jax.tree.map(lambda x: x[0], micros), rng))
+        def body(carry, xs):
+          i, micro = xs
+          return jax.tree.map(jnp.add, carry, micro_step(micro, jax.random.fold_in(rng, i))), None
+        (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micros))
+        grads = jax.tree.map(lambda g: g / accum, grads)
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      metrics['grad_norm'] = jnp.stack([optax.global_norm(grads), 1.0])
+      new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+      return new_state, metrics
+
+  return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)),
+                 donate_argnums=(0,))
+
+
+def make_eval_step(model, loss_fn, config, mesh, state_shardings, predict=None) -> Callable:
+  """(params, global batch) -> (metric pairs, predictions); with `predict` (the objective's, for
+  SCORED pipelines) the predictions of every row of the global batch, on every host."""
+  rules = config.logical_axis_rules
+
+  def eval_step(params, batch):
+    with nn.logical_axis_rules(rules):
+      outputs = model.apply({'params': params}, batch, deterministic=True)
+      return loss_fn(outputs, batch)[1], predict(outputs, batch) if predict else {}
+
+  return jax.jit(eval_step, in_shardings=(state_shardings.params, sharding.batch_sharding(mesh)),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def accumulate(totals: dict[str, np.ndarray], metrics: dict[str, Any]) -> dict[str, np.ndarray]:
+  for k, v in jax.device_get(metrics).items():
+    totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
+  return totals
