@@ -1,4 +1,10 @@
-"""Writes metrics to the console, to workdir/metrics.jsonl and to TensorBoard (host 0 only)."""
+"""Writes metrics to the console, to workdir/metrics.jsonl and to TensorBoard (host 0 only).
+
+Not clu's metric_writers or periodic_actions (what the Flax examples use): clu 0.0.12
+imports TensorFlow with them (through its TensorBoard writer; 3.2 s and TF's memory in
+every run here), where tensorboardX writes the same event files without it; and
+metrics.jsonl needs a writer of its own either way.
+"""
 
 import json
 import math
