@@ -28,8 +28,8 @@ import jax
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from trainer import cli
 import input_pipeline
+from trainer import cli
 from trainer import sharding
 import trainer.checks
 import trainer.optimizer

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
-from trainer import cli
 import input_pipeline
+from trainer import cli
 from trainer import sharding
 import trainer.checks
 import trainer.state

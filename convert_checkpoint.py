@@ -47,14 +47,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from trainer import checkpoints
-from trainer import cli
-import input_pipeline
-import trainer.checks
-import trainer.state
 from configs import bert_base
 from configs import gpt as gpt_configs
+import input_pipeline
 from input_pipeline.common import tokenizer as tokenizer_lib
+from trainer import checkpoints
+from trainer import cli
+import trainer.checks
+import trainer.state
 
 # Leaves of each kind of module: ours, HF's, TF's, and the formats storing the matrix (out, in).
 LINEAR = (('kernel', 'weight', 'kernel', ('hf',)), ('bias', 'bias', 'bias', ()))  # torch Linear

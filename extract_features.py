@@ -63,14 +63,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import trainer.state
-from input_pipeline.common import glove as glove_lib
 from input_pipeline import gpt_finetune
+from input_pipeline.common import glove as glove_lib
 from input_pipeline.common import words as words_lib
 from models import bert
 from models import bert_feature_tagger
 from models import cove
 from models import elmo
+import trainer.state
 
 LAYERS = ('all', 'top', 'average')  # ELMo's --layers
 BERT_LAYERS = '-1,-2,-3,-4'  # the reference's default

@@ -20,8 +20,8 @@ import ml_collections
 import numpy as np
 
 from models import decoding
-import trainer.state
 from models import gpt
+import trainer.state
 
 
 def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, object]:

@@ -45,11 +45,11 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from input_pipeline.common import example_iterator
 from input_pipeline import gpt_finetune
 from input_pipeline import tagging
-from input_pipeline.tasks import task_metrics
+from input_pipeline.common import example_iterator
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.tasks import task_metrics
 
 Batch = dict[str, np.ndarray]
 SEQUENCE_KINDS = ('classification', 'entailment', 'similarity')

@@ -34,9 +34,9 @@ import math
 import ml_collections
 import numpy as np
 
+from input_pipeline import tagging
 from input_pipeline.common import chunked
 from input_pipeline.common import example_iterator
-from input_pipeline import tagging
 from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]

@@ -50,8 +50,8 @@ import ml_collections
 import numpy as np
 
 from input_pipeline.common import example_iterator
-from input_pipeline.tasks import offline_tasks
 from input_pipeline.common import sources
+from input_pipeline.tasks import offline_tasks
 from input_pipeline.tasks import task_metrics
 
 KINDS = ('classification', 'entailment', 'similarity', 'multiple_choice')

@@ -88,9 +88,9 @@ import ml_collections
 import numpy as np
 
 from input_pipeline.common import example_iterator
-from input_pipeline.tasks import offline_tasks
 from input_pipeline.common import sources
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.tasks import offline_tasks
 
 Batch = dict[str, np.ndarray]
 TASKS = ('squad', 'offline_span')

@@ -45,10 +45,10 @@ import ml_collections
 import numpy as np
 
 from input_pipeline.common import example_iterator
-from input_pipeline.tasks import offline_tasks
 from input_pipeline.common import sources
-from input_pipeline.tasks import synthetic_tagging
 from input_pipeline.common import words as words_lib
+from input_pipeline.tasks import offline_tasks
+from input_pipeline.tasks import synthetic_tagging
 
 Batch = dict[str, np.ndarray]
 # TFDS conll2003's 'ner' ClassLabel names (conll_dataset_builder_utils.NER_TAGS), in id order.

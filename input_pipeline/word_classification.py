@@ -35,8 +35,8 @@ import os
 import ml_collections
 import numpy as np
 
-from input_pipeline.common import example_iterator
 from input_pipeline import gpt_finetune
+from input_pipeline.common import example_iterator
 from input_pipeline.common import words as words_lib
 
 Batch = dict[str, np.ndarray]

@@ -9,10 +9,10 @@ import pytest
 
 from configs import cove as cove_configs
 from configs import cove_classifier
-from input_pipeline.tasks import offline_tasks
-from input_pipeline.common import sources
 from input_pipeline import word_classification
+from input_pipeline.common import sources
 from input_pipeline.common import words as words_lib
+from input_pipeline.tasks import offline_tasks
 from models import bcn
 from models import cove
 from objectives import gpt_finetune as classification

@@ -15,19 +15,19 @@ import numpy as np
 import optax
 import pytest
 
-from trainer import checkpoints
+from configs import bert_base
+from configs import common
 import extract_features
 import input_pipeline
+from models import bert
+from models import bert_feature_tagger
+from objectives import tagging
+from trainer import checkpoints
 from trainer import sharding
 import trainer.checks
 import trainer.optimizer
 import trainer.state
 import trainer.steps
-from configs import bert_base
-from configs import common
-from models import bert
-from models import bert_feature_tagger
-from objectives import tagging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'cat', '##s', 'sat', 'on', 'mat',

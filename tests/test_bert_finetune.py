@@ -14,9 +14,9 @@ from models import bert
 from objectives import classification
 from objectives import span
 from objectives import tagging as tagging_objective
+from trainer import sharding
 import trainer.checks
 import trainer.state
-from trainer import sharding
 
 WORDS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'john', 'lives', 'in', 'wash', '##ing',
          '##ton', '.', 'd', 'c', 'the', 'city']

@@ -23,8 +23,8 @@ _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JA
 
 _RUN = """
 import os, sys
-import trainer.loop
 from configs import bert_finetune
+import trainer.loop
 root, pretrained, data_dir, finetune_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 for task in sys.argv[5:]:
   config = bert_finetune.get_config(task)

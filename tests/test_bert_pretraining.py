@@ -9,8 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
-import input_pipeline
 from input_pipeline import bert_pretraining
+import input_pipeline
 
 CONFIG_PATH = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'bert_base.py'
 PAD, UNK, CLS, SEP, MASK = range(5)

@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-import input_pipeline
 from input_pipeline import bilm
+import input_pipeline
 from input_pipeline.common import sources
 from input_pipeline.common import words as words_lib
 

@@ -18,13 +18,13 @@ from safetensors.numpy import load_file, save_file
 
 from trainer import checkpoints
 import convert_checkpoint
-import input_pipeline
-import trainer.checks
-import trainer.state
 from configs import bert_finetune
 from configs import gpt_finetune as gpt_finetune_configs
+import input_pipeline
 from input_pipeline.common import tokenizer as tokenizer_lib
 from models import bert
+import trainer.checks
+import trainer.state
 
 # The reference implementations (requirements-parity.txt, installed by requirements-dev.txt):
 # imported outright, so that CI fails rather than skips without them.

@@ -8,16 +8,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from models import decoding
-import trainer.checks
-import trainer.optimizer
 from configs import cove as cove_config
-from input_pipeline.common import glove
 from input_pipeline import translation
+import input_pipeline
+from input_pipeline.common import glove
 from input_pipeline.common import words as words_lib
 from models import cove
+from models import decoding
 from trainer import sharding
-import input_pipeline
+import trainer.checks
+import trainer.optimizer
 
 V, SOURCE_V = 30, 25
 BOS, EOS = 2, 1

@@ -23,11 +23,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUN = """
 import itertools, sys
 import numpy as np
-import extract_features
-import trainer.loop
 from configs import cove
+import extract_features
 from input_pipeline import translation
 from input_pipeline.common import words
+import trainer.loop
 workdir, data_dir, sentences = sys.argv[1:4]
 config = cove.get_config('tiny')
 config.data.data_dir = data_dir

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import input_pipeline
 from configs import cvt as cvt_configs
 from input_pipeline import cvt
-from input_pipeline.tasks import synthetic_tagging
 from input_pipeline import tagging
+import input_pipeline
+from input_pipeline.tasks import synthetic_tagging
 
 
 @pytest.fixture(scope='module')

@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a short multi-task run.
 _RUNS = """
 import sys
-import trainer.loop
 from configs import cvt
+import trainer.loop
 for workdir, ratio in ((sys.argv[1], 1.0), (sys.argv[2], 0.0)):
   config = cvt.get_config('tiny')
   config.data.data_dir = sys.argv[3]

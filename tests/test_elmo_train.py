@@ -11,8 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import extract_features
 from configs import elmo as elmo_configs
+import extract_features
 from input_pipeline.common import sources
 from input_pipeline.common import words as words_lib
 

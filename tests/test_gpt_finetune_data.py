@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from input_pipeline import gpt_finetune
-from input_pipeline.tasks import offline_tasks
 from input_pipeline.common import sources
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.tasks import offline_tasks
 
 S = gpt_finetune.Specials(start=2, delim=3, extract=4)
 OFFLINE = ('offline_shuffled', 'offline_next', 'offline_same_doc', 'offline_cloze')

@@ -11,8 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import input_pipeline
 from configs import gpt_finetune as finetune_configs
+import input_pipeline
 from models import gpt
 from trainer import sharding
 import trainer.checks
@@ -36,16 +36,16 @@ _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JA
 PRETRAIN_STEPS = 200
 _PRETRAIN = """
 import sys
-import trainer.loop
 from configs import gpt
+import trainer.loop
 config = gpt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
 trainer.loop.train_and_evaluate(config, sys.argv[1], stop_after_steps=int(sys.argv[3]))
 """
 _FINETUNE = """
 import sys
-import trainer.loop
 from configs import gpt_finetune
+import trainer.loop
 config = gpt_finetune.get_config('offline_shuffled,tiny')
 config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
 # The corpus's sentences are short: 48 tokens keep almost all of them whole.

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-import input_pipeline
 from configs import gpt
 from input_pipeline import packed_lm
+import input_pipeline
 from input_pipeline.common import sources
 
 PAD, EOT = 0, 1

@@ -6,10 +6,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from input_pipeline.tasks import offline_tasks
-from input_pipeline.common import sources
 from input_pipeline import squad
+from input_pipeline.common import sources
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.tasks import offline_tasks
 
 FIELDS = {'input_ids': np.int32, 'segment_ids': np.int32, 'input_mask': np.int32,
           'start_positions': np.int32, 'end_positions': np.int32,

@@ -6,9 +6,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from input_pipeline import tagging
 import input_pipeline
 from input_pipeline.common import sources
-from input_pipeline import tagging
 from input_pipeline.common import words as words_lib
 
 FIELDS = {'token_ids': np.int32, 'char_ids': np.int32, 'lengths': np.int32, 'labels': np.int32,

@@ -11,15 +11,15 @@ import numpy as np
 import optax
 import pytest
 
+from configs import cove as cove_configs
+from configs import cvt as cvt_configs
+from configs import gpt_finetune as finetune_configs
 import input_pipeline
 from trainer import sharding
 import trainer.checks
 import trainer.loop
 import trainer.optimizer
 import trainer.state
-from configs import cove as cove_configs
-from configs import cvt as cvt_configs
-from configs import gpt_finetune as finetune_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

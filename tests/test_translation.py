@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from configs import transformer_wmt
+from input_pipeline import translation
 import input_pipeline
 from input_pipeline.common import tokenizer as tokenizer_lib
-from input_pipeline import translation
 import trainer.checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,8 +148,8 @@ def test_config_errors_are_one_line(tmp_path):
 # End to end, in one subprocess on one device: 300 steps of :tiny, BLEU at steps 150 and 300.
 _RUN = """
 import sys
-import trainer.loop
 from configs import transformer_wmt
+import trainer.loop
 config = transformer_wmt.get_config('tiny')
 config.data.data_dir = sys.argv[2]
 config.train.update(num_steps=300, eval_every=150, checkpoint_every=300, eval_steps=4)

@@ -31,9 +31,9 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from input_pipeline.tasks import synthetic_tagging
 from input_pipeline.common import tokenizer as tokenizer_lib
 from input_pipeline.common import words as words_lib
+from input_pipeline.tasks import synthetic_tagging
 
 SOURCES = ('embedded', 'files', 'tfds', 'synthetic')
 # Enough text for a good vocabulary; learning from all of Wikipedia is slow.
