@@ -1,15 +1,25 @@
 """Measures the train step of any config and prints one JSON line.
 
     python bench.py --config=configs/bert_base.py:base --config.train.batch_size=8
+    python bench.py --config=configs/bert_base.py:mini --profile=/tmp/bert_profile
 
 Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
 model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
 matmul peak (measured here, first), compile seconds, peak memory, and the
 input pipeline's examples/s on the configured source.
+
+--profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
+profile plugin or ui.perfetto.dev open it) and prints the HLO ops that took
+the most time per step, before the JSON line.
 """
 
+import collections
+import glob
+import gzip
 import importlib
 import json
+import os
+import re
 import resource
 import time
 
@@ -69,7 +79,61 @@ def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
   return examples / (time.perf_counter() - start)
 
 
-def benchmark(config, steps: int, warmup: int) -> dict:
+# An HLO instruction: its name, then after the shape its opcode, e.g.
+# "fusion.3 = f32[8,128]{1,0} fusion(...)" or "ROOT tuple.9 = (f32[2], s32[]) tuple(...)".
+_HLO_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(', re.M)
+_COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{$')
+
+
+def _jax_ops(hlo_text: str) -> dict[str, str]:
+  """Each instruction's JAX op (metadata op_name, e.g. ".../attention/dot_general"); a fusion
+  without one takes its fused computation's root's."""
+  roots, calls, names, computation = {}, {}, {}, None
+  for line in hlo_text.splitlines():
+    if match := _COMPUTATION.match(line):
+      computation = match.group(1)
+      continue
+    instruction = _HLO_INSTRUCTION.match(line)
+    if not instruction:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    names[instruction.group(1)] = op_name.group(1) if op_name else ''
+    if line.lstrip().startswith('ROOT') and computation:
+      roots[computation] = names[instruction.group(1)]
+    if called := re.search(r'calls=%?([\w.\-]+)', line):
+      calls[instruction.group(1)] = called.group(1)
+  return {name: op or roots.get(calls.get(name), '') for name, op in names.items()}
+
+
+def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
+  """The HLO ops of `hlo_text` that took the most time in a Perfetto trace of `steps` steps:
+  name, opcode, JAX op, milliseconds per step and share of all HLO op time (summed over
+  threads)."""
+  opcodes, jax_ops = dict(_HLO_INSTRUCTION.findall(hlo_text)), _jax_ops(hlo_text)
+  with gzip.open(trace_path, 'rt', encoding='utf-8') as f:
+    events = json.load(f)
+  events = events['traceEvents'] if isinstance(events, dict) else events
+  micros = collections.Counter()
+  for event in events:
+    if event.get('ph') == 'X' and event.get('name') in opcodes:
+      micros[event['name']] += event.get('dur', 0)
+  total = sum(micros.values()) or 1
+  return [{'op': name, 'opcode': opcodes[name], 'jax_op': jax_ops.get(name, ''),
+           'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4)}
+          for name, us in micros.most_common(top)]
+
+
+def profile(compiled, state, batch, directory: str, steps: int = 3) -> list[dict]:
+  """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time."""
+  with jax.profiler.trace(directory, create_perfetto_trace=True):
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+  traces = glob.glob(os.path.join(directory, 'plugins', 'profile', '*', 'perfetto_trace.json.gz'))
+  return top_ops(max(traces, key=os.path.getmtime), compiled.as_text(), steps)
+
+
+def benchmark(config, steps: int, warmup: int, profile_dir: str = '') -> dict:
   peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
   # A fine-tuning config's sizes come from its init_from.
@@ -87,13 +151,14 @@ def benchmark(config, steps: int, warmup: int) -> dict:
     compiled = step_fn.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - start
     for _ in range(warmup):
-      state, metrics = compiled(state, batch)
-    jax.block_until_ready((state, metrics))
+      state, _ = compiled(state, batch)
+    jax.block_until_ready(state)
     start = time.perf_counter()
     for _ in range(steps):
       state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
+    ops = profile(compiled, state, batch, profile_dir) if profile_dir else None
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
     peak *= jax.device_count()
@@ -112,7 +177,17 @@ def benchmark(config, steps: int, warmup: int) -> dict:
       'peak_memory_bytes': peak_memory_bytes(),
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       'input_examples_per_sec': round(input_examples_per_sec(config), 1),
+      **({'profile_dir': profile_dir, 'top_ops': ops} if ops is not None else {}),
   }
+
+
+def print_ops(ops: list[dict], step_seconds: float) -> None:
+  print(f'HLO ops by time per step (the step took {step_seconds * 1e3:.1f} ms; shares are of all '
+        'HLO op time, summed over threads):')
+  for op in ops:
+    jax_op = re.sub(r'^jit\([^)]*\)/', '', op['jax_op'])
+    print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["opcode"]:<8} {op["op"]:<24} '
+          f'{jax_op[-60:]}')
 
 
 def main(argv):
@@ -120,11 +195,16 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
-  print(json.dumps(benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup)))
+  result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile)
+  if 'top_ops' in result:
+    print_ops(result['top_ops'], result['step_seconds'])
+  print(json.dumps(result))
 
 
 if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   flags.DEFINE_integer('steps', 10, 'Timed steps.')
   flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+  flags.DEFINE_string('profile', '', 'Also trace 3 steps into this directory and print the top '
+                      'HLO ops by time.')
   app.run(main, flags_parser=cli.parse_flags)

@@ -1,5 +1,8 @@
 """bench.py measures a real train step and reports every figure it promises."""
 
+import gzip
+import json
+
 import jax
 
 import bench
@@ -19,3 +22,37 @@ def test_benchmark_reports_consistent_figures(shared_data_dir):
   assert abs(result['mfu'] - result['achieved_flops_per_sec'] /
              result['matmul_peak_flops_per_sec']) < 1e-3
   assert result['devices'] == len(jax.devices())
+
+
+def test_profile_names_the_hlo_ops_that_take_the_time(shared_data_dir, tmp_path):
+  config = micro_config(shared_data_dir)
+  result = bench.benchmark(config, steps=1, warmup=0, profile_dir=str(tmp_path))
+  ops = result['top_ops']
+  assert ops and all(0 < op['share'] <= 1 and op['ms_per_step'] > 0 for op in ops)
+  assert sum(op['share'] for op in ops) <= 1.0001
+  assert [op['share'] for op in ops] == sorted((op['share'] for op in ops), reverse=True)
+  # The matmuls of a transformer step are among its most expensive ops.
+  assert any(op['jax_op'].endswith('dot_general') for op in ops), ops
+
+
+def test_top_ops_reads_a_trace_against_the_hlo(tmp_path):
+  hlo = '\n'.join([
+      '%fused_computation (param_0: f32[4]) -> f32[4] {',
+      '  ROOT %exp.1 = f32[4]{0} exponential(%param_0), metadata={op_name="jit(f)/exp"}',
+      '}',
+      'ENTRY %main (p: f32[4]) -> (f32[4], f32[4]) {',
+      '  %fusion.2 = f32[4]{0} fusion(%p), kind=kLoop, calls=%fused_computation',
+      '  %dot.3 = f32[4]{0} dot(%p, %p), metadata={op_name="jit(f)/layer/dot_general"}',
+      '  ROOT %tuple.4 = (f32[4], f32[4]) tuple(%fusion.2, %dot.3)',
+      '}'])
+  trace = tmp_path / 'trace.json.gz'
+  events = [{'ph': 'X', 'name': 'dot.3', 'dur': 300}, {'ph': 'X', 'name': 'fusion.2', 'dur': 100},
+            {'ph': 'X', 'name': 'dot.3', 'dur': 300}, {'ph': 'X', 'name': 'PjitFunction(f)',
+                                                        'dur': 5000}]
+  with gzip.open(trace, 'wt', encoding='utf-8') as f:
+    json.dump({'traceEvents': events}, f)
+  assert bench.top_ops(str(trace), hlo, steps=2) == [
+      {'op': 'dot.3', 'opcode': 'dot', 'jax_op': 'jit(f)/layer/dot_general', 'ms_per_step': 0.3,
+       'share': 0.8571},
+      {'op': 'fusion.2', 'opcode': 'fusion', 'jax_op': 'jit(f)/exp', 'ms_per_step': 0.05,
+       'share': 0.1429}]
