@@ -172,7 +172,6 @@ class ShardedStream:
       raise ValueError(f'train.batch_size={global_batch} must divide among the {num_shards} '
                        f'data shards this run started with and the {process_count} hosts: '
                        f'use a multiple of {math.lcm(num_shards, process_count)}.')
-    self.num_shards = num_shards
     per_shard, per_host = global_batch // num_shards, global_batch // process_count
     first, last = process_index * per_host, (process_index + 1) * per_host
     self._pieces = []  # (shard, its rows in this host's batch)
@@ -181,6 +180,8 @@ class ShardedStream:
       if lo < hi:
         self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
     self._shards = {shard: make_shard(shard, per_shard) for shard, _ in self._pieces}
+    # One shard's whole batch (the same hosts as shards): passed on without a copy.
+    self._whole = [rows for _, rows in self._pieces] == [slice(0, per_shard)]
 
   def get_state(self) -> dict[int, dict[str, int]]:
     return {shard: it.get_state() for shard, it in self._shards.items()}
@@ -194,7 +195,7 @@ class ShardedStream:
 
   def __next__(self) -> Batch:
     parts = [(next(self._shards[shard]), rows) for shard, rows in self._pieces]
-    if len(parts) == 1 and parts[0][1] == slice(0, len(next(iter(parts[0][0].values())))):
+    if self._whole:
       return parts[0][0]
     return {k: np.concatenate([batch[k][rows] for batch, rows in parts]) for k in parts[0][0]}
 
