@@ -9,8 +9,9 @@ matmul peak (measured here, first), compile seconds, peak memory, and the
 input pipeline's examples/s on the configured source.
 
 --profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
-profile plugin or ui.perfetto.dev open it) and prints the HLO ops that took
-the most time per step, before the JSON line.
+profile plugin or ui.perfetto.dev open it), writes the compiled step's HLO
+text there (train_step.hlo.txt) and prints the HLO ops that took the most
+time per step, before the JSON line.
 """
 
 import collections
@@ -105,11 +106,9 @@ def _jax_ops(hlo_text: str) -> dict[str, str]:
   return {name: op or roots.get(calls.get(name), '') for name, op in names.items()}
 
 
-def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
-  """The HLO ops of `hlo_text` that took the most time in a Perfetto trace of `steps` steps:
-  name, opcode, JAX op, milliseconds per step and share of all HLO op time (summed over
-  threads)."""
-  opcodes, jax_ops = dict(_HLO_INSTRUCTION.findall(hlo_text)), _jax_ops(hlo_text)
+def op_micros(trace_path: str, hlo_text: str) -> collections.Counter:
+  """Microseconds per HLO op of `hlo_text` in a Perfetto trace (summed over threads)."""
+  opcodes = dict(_HLO_INSTRUCTION.findall(hlo_text))
   with gzip.open(trace_path, 'rt', encoding='utf-8') as f:
     events = json.load(f)
   events = events['traceEvents'] if isinstance(events, dict) else events
@@ -117,23 +116,45 @@ def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[d
   for event in events:
     if event.get('ph') == 'X' and event.get('name') in opcodes:
       micros[event['name']] += event.get('dur', 0)
+  return micros
+
+
+def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
+  """The HLO ops of `hlo_text` that took the most time in a Perfetto trace of `steps` steps:
+  name, opcode, JAX op, milliseconds per step and share of all HLO op time (summed over
+  threads)."""
+  opcodes, jax_ops = dict(_HLO_INSTRUCTION.findall(hlo_text)), _jax_ops(hlo_text)
+  micros = op_micros(trace_path, hlo_text)
   total = sum(micros.values()) or 1
   return [{'op': name, 'opcode': opcodes[name], 'jax_op': jax_ops.get(name, ''),
            'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4)}
           for name, us in micros.most_common(top)]
 
 
-def profile(compiled, state, batch, directory: str, steps: int = 3) -> list[dict]:
-  """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time."""
+def matmul_share(trace_path: str, hlo_text: str) -> float:
+  """The share of all HLO op time in ops made from a matmul (JAX's dot_general)."""
+  jax_ops, micros = _jax_ops(hlo_text), op_micros(trace_path, hlo_text)
+  matmul = sum(us for name, us in micros.items() if jax_ops.get(name, '').endswith('dot_general'))
+  return round(matmul / (sum(micros.values()) or 1), 4)
+
+
+def profile(compiled, state, batch, directory: str, steps: int = 3) -> tuple[list[dict], float]:
+  """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time and the share
+  of op time in matmuls."""
   with jax.profiler.trace(directory, create_perfetto_trace=True):
     for _ in range(steps):
       state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
   traces = glob.glob(os.path.join(directory, 'plugins', 'profile', '*', 'perfetto_trace.json.gz'))
-  return top_ops(max(traces, key=os.path.getmtime), compiled.as_text(), steps)
+  hlo_text = compiled.as_text()
+  with open(os.path.join(directory, 'train_step.hlo.txt'), 'w') as f:  # the trace's op names
+    f.write(hlo_text)
+  trace = max(traces, key=os.path.getmtime)
+  return top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text)
 
 
-def benchmark(config, steps: int, warmup: int, profile_dir: str = '') -> dict:
+def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
+              input_seconds: float = 30.0) -> dict:
   peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
   # A fine-tuning config's sizes come from its init_from.
@@ -158,7 +179,7 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '') -> dict:
       state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
-    ops = profile(compiled, state, batch, profile_dir) if profile_dir else None
+    ops, matmuls = profile(compiled, state, batch, profile_dir) if profile_dir else (None, 0)
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
     peak *= jax.device_count()
@@ -176,14 +197,16 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '') -> dict:
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
-      'input_examples_per_sec': round(input_examples_per_sec(config), 1),
-      **({'profile_dir': profile_dir, 'top_ops': ops} if ops is not None else {}),
+      'input_examples_per_sec': (round(input_examples_per_sec(config, input_seconds), 1)
+                                 if input_seconds > 0 else None),
+      **({'profile_dir': profile_dir, 'top_ops': ops, 'matmul_share': matmuls}
+         if ops is not None else {}),
   }
 
 
-def print_ops(ops: list[dict], step_seconds: float) -> None:
+def print_ops(ops: list[dict], step_seconds: float, matmuls: float) -> None:
   print(f'HLO ops by time per step (the step took {step_seconds * 1e3:.1f} ms; shares are of all '
-        'HLO op time, summed over threads):')
+        f'HLO op time, summed over threads; {matmuls:.0%} of it in matmuls):')
   for op in ops:
     jax_op = re.sub(r'^jit\([^)]*\)/', '', op['jax_op'])
     print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["opcode"]:<8} {op["op"]:<24} '
@@ -195,9 +218,10 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
-  result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile)
+  result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
+                     flags.FLAGS.input_seconds)
   if 'top_ops' in result:
-    print_ops(result['top_ops'], result['step_seconds'])
+    print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'])
   print(json.dumps(result))
 
 
@@ -207,4 +231,6 @@ if __name__ == '__main__':
   flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
   flags.DEFINE_string('profile', '', 'Also trace 3 steps into this directory and print the top '
                       'HLO ops by time.')
+  flags.DEFINE_float('input_seconds', 30.0, 'At most this long measuring the input pipeline; 0 '
+                     'skips it (input_examples_per_sec is then null).')
   app.run(main, flags_parser=cli.parse_flags)

@@ -33,6 +33,8 @@ def test_profile_names_the_hlo_ops_that_take_the_time(shared_data_dir, tmp_path)
   assert [op['share'] for op in ops] == sorted((op['share'] for op in ops), reverse=True)
   # The matmuls of a transformer step are among its most expensive ops.
   assert any(op['jax_op'].endswith('dot_general') for op in ops), ops
+  matmuls = sum(op['share'] for op in ops if op['jax_op'].endswith('dot_general'))
+  assert matmuls - 1e-3 <= result['matmul_share'] < 1
 
 
 def test_top_ops_reads_a_trace_against_the_hlo(tmp_path):
@@ -56,3 +58,4 @@ def test_top_ops_reads_a_trace_against_the_hlo(tmp_path):
        'share': 0.8571},
       {'op': 'fusion.2', 'opcode': 'fusion', 'jax_op': 'jit(f)/exp', 'ms_per_step': 0.05,
        'share': 0.1429}]
+  assert bench.matmul_share(str(trace), hlo) == 0.8571
