@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from models import cove
+from models.dropout import Dropout
 from models import layers
 from models import lstm
 
@@ -220,7 +221,7 @@ class Model(nn.Module):
                ) -> dict[str, Array]:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    drop = lambda rate, x: nn.Dropout(rate)(x, deterministic=deterministic)  # noqa: E731
+    drop = lambda rate, x: Dropout(rate)(x, deterministic=deterministic)  # noqa: E731
     L, S = batch['x_ids'].shape[1], batch['y_ids'].shape[1]
     ids_RT = _pair_rows(batch['x_ids'], batch['y_ids'])
     lengths_R = _pair_rows(batch['x_lengths'][:, None], batch['y_lengths'][:, None])[:, 0]

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.dropout import Dropout
 from models import layers
 
 Array = jax.Array
@@ -83,7 +84,7 @@ class Model(nn.Module):
     x_BLD += layers.Embed(cfg.type_vocab_size, cfg.hidden_size, (None, 'embed'),
                           init, dtype, name='segment_embed')(batch['segment_ids'])
     x_BLD = layers.layer_norm(cfg.layer_norm_eps, dtype, 'embed_ln')(x_BLD)
-    x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
+    x_BLD = Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
 
     block = functools.partial(
@@ -123,7 +124,7 @@ class Model(nn.Module):
       logits_BLT = layers.Einsum('BLD,DT->BLT', (D, 2), ('embed', None), kernel_init=init,
                                  dtype=dtype, name='span_head')(out_BLD).astype(jnp.float32)
       return {'start_logits': logits_BLT[..., 0], 'end_logits': logits_BLT[..., 1]}
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate)
     if cfg.head == 'tag':
       x_BLD = dropout(out_BLD, deterministic=deterministic)
       return {'logits': layers.Einsum('BLD,DN->BLN', (D, N), ('embed', None), kernel_init=init,
@@ -140,12 +141,12 @@ class Model(nn.Module):
     x_BPD = layers.Einsum('BPD,DE->BPE', (cfg.hidden_size, cfg.hidden_size),
                           ('embed', 'mlp'), kernel_init=init, dtype=dtype,
                           name='mlm_transform')(x_BPD)
-    x_BPD = nn.gelu(x_BPD, approximate=False)
+    x_BPD = layers.gelu(x_BPD)
     x_BPD = layers.layer_norm(cfg.layer_norm_eps, dtype, 'mlm_ln')(x_BPD)
     bias_V = self.param('mlm_output_bias',
                         nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',)),
                         (cfg.vocab_size,), jnp.float32)
-    return token_embed.attend(x_BPD) + bias_V
+    return layers.add_bias(token_embed.attend(x_BPD), bias_V)
 
 
 def train_flops_per_example(cfg: Config, data_cfg) -> float:

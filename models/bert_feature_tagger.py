@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from models import bert
+from models.dropout import Dropout
 from models import layers
 from models import lstm
 
@@ -146,12 +147,12 @@ class Model(nn.Module):
     h_BLX = features_BLX.astype(dtype)
     for i in range(cfg.task_num_layers):
       if i:
-        h_BLX = nn.Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
+        h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
       h_BLX = jnp.concatenate([
           lstm.LSTM(cfg.task_lstm_dim, projection=0, reverse=reverse, dtype=dtype,
                     name=f'task_{direction}_{i}')(h_BLX, lengths_B)
           for direction, reverse in (('forward', False), ('backward', True))], axis=-1)
-    h_BLX = nn.Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
+    h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
     logits_BLN = layers.Einsum('BLX,XN->BLN', (h_BLX.shape[-1], cfg.num_labels), ('embed', None),
                                dtype=dtype, name='classifier')(h_BLX)
     return {'logits': logits_BLN.astype(jnp.float32), 'features': features_BLX}

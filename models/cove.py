@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.dropout import Dropout
 from models import layers
 from models import lstm
 
@@ -128,7 +129,7 @@ class Encoder(nn.Module):
     x_BSX = vectors_BSW.astype(dtype)
     states = []
     for i in range(cfg.num_encoder_layers):
-      x_BSX = nn.Dropout(cfg.dropout_rate)(x_BSX, deterministic=deterministic)
+      x_BSX = Dropout(cfg.dropout_rate)(x_BSX, deterministic=deterministic)
       # PyTorch's LSTM (which trained the released CoVe) adds no forget-gate bias.
       directions = [lstm.LSTM(cfg.hidden_size, forget_bias=0.0, reverse=reverse,
                               kernel_init=_uniform(cfg), dtype=dtype,
@@ -157,7 +158,7 @@ class DecoderCell(nn.Module):
     x_BI = jnp.concatenate([z_BE.astype(jnp.float32), feed_BD], axis=-1)
     new_cells = []
     for i, (c_BD, h_BD) in enumerate(cells):
-      x_BI = nn.Dropout(cfg.dropout_rate)(x_BI, deterministic=deterministic)
+      x_BI = Dropout(cfg.dropout_rate)(x_BI, deterministic=deterministic)
       c_BD, h_BD = _lstm_cell(self, f'layer{i}', x_BI, c_BD, h_BD, D, dtype)
       new_cells.append((c_BD, h_BD))
       x_BI = h_BD
@@ -206,7 +207,7 @@ class Model(nn.Module):
     self.output = layers.Einsum('...D,DV->...V', (cfg.decoder_size, cfg.vocab_size),
                                 ('embed', 'vocab'), kernel_init=_uniform(cfg),
                                 dtype=jnp.dtype(cfg.dtype))
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def encode(self, batch: Mapping[str, Array], *, deterministic: bool = True) -> list[Array]:
     """Every encoder layer's states (B, S, X), from the word ids."""

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from models import char_cnn
+from models.dropout import Dropout
 from models import layers
 from models import lstm
 
@@ -101,7 +102,7 @@ class Encoder(nn.Module):
                ) -> tuple[Array, Array, Array]:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    drop = lambda x: nn.Dropout(dropout_rate)(x, deterministic=deterministic)  # noqa: E731
+    drop = lambda x: Dropout(dropout_rate)(x, deterministic=deterministic)  # noqa: E731
     lengths_B = batch['lengths']
     words_BLX = layers.Embed(cfg.vocab_size, cfg.word_dim, ('vocab', 'embed'),
                              nn.initializers.normal(cfg.word_dim ** -0.5), dtype,
@@ -145,8 +146,8 @@ class Model(nn.Module):
     self.primary = [module(n, f'task_{t}_primary') for t, n in enumerate(cfg.num_labels)]
     self.auxiliary = [{view: module(n, f'task_{t}_{view}') for view in AUX_VIEWS}
                       for t, n in enumerate(cfg.num_labels)]
-    self.labeled_dropout = nn.Dropout(cfg.labeled_dropout_rate)
-    self.unlabeled_dropout = nn.Dropout(cfg.unlabeled_dropout_rate)
+    self.labeled_dropout = Dropout(cfg.labeled_dropout_rate)
+    self.unlabeled_dropout = Dropout(cfg.unlabeled_dropout_rate)
 
   def _primary(self, h1_fw, h1_bw, h2, deterministic) -> tuple[Array, ...]:
     x_BLX = jnp.concatenate([h1_fw, h1_bw, h2], axis=-1)

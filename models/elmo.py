@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.char_cnn import CharCNN
+from models.dropout import Dropout
 from models.lstm import LSTM
 
 Array = jax.Array
@@ -98,7 +99,7 @@ class BiLM(nn.Module):
                              forget_bias=1.0, dtype=dtype)
     self.forward = [lstm() for _ in range(cfg.num_layers)]  # params 'forward_0', ...
     self.backward = [lstm(reverse=True) for _ in range(cfg.num_layers)]
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def __call__(self, char_ids_BLW: Array, lengths_B: Array, *,
                deterministic: bool = True) -> dict[str, Any]:
@@ -165,7 +166,7 @@ class Model(nn.Module):
     cfg = self.config
     bilm = BiLM(cfg, name='bilm')(batch['char_ids'], batch['lengths'],
                                   deterministic=deterministic)
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate)
     kernel_VD, bias_V = Softmax(cfg.vocab_size, cfg.projection_dim, name='softmax')()
     outputs = {
         'forward_states': dropout(bilm['forward'][-1], deterministic=deterministic),

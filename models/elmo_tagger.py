@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.dropout import Dropout
 from models import elmo
 from models import layers
 from models import lstm
@@ -111,7 +112,7 @@ class Model(nn.Module):
                                      top_only=cfg.elmo_top_only, name=name,
                                      single_layer=None if cfg.elmo_layer < 0 else cfg.elmo_layer
                                      )(layers_BJLX, mask_BL)
-        elmo_BLX[name] = nn.Dropout(cfg.elmo_dropout_rate)(
+        elmo_BLX[name] = Dropout(cfg.elmo_dropout_rate)(
             mix_BLX.astype(dtype), deterministic=deterministic)
         mix_l2 = mix_l2 + l2
       x_BLX = jnp.concatenate([x_BLX, elmo_BLX['input_mix']], axis=-1)
@@ -119,12 +120,12 @@ class Model(nn.Module):
     h_BLX = x_BLX
     for i in range(cfg.task_num_layers):
       if i:
-        h_BLX = nn.Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
+        h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
       h_BLX = jnp.concatenate([
           lstm.LSTM(cfg.task_lstm_dim, projection=0, reverse=reverse, dtype=dtype,
                     name=f'task_{direction}_{i}')(h_BLX, lengths_B)
           for direction, reverse in (('forward', False), ('backward', True))], axis=-1)
-    h_BLX = nn.Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
+    h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
     if cfg.use_elmo and cfg.elmo_at_output:
       h_BLX = jnp.concatenate([h_BLX, elmo_BLX['output_mix']], axis=-1)
 

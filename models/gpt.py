@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.dropout import Dropout
 from models import layers
 
 Array = jax.Array
@@ -97,7 +98,7 @@ class Model(nn.Module):
     x_NLD = token_embed(ids_NL)
     x_NLD += layers.Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
                           init, dtype, name='position_embed')(positions_NL)
-    x_NLD = nn.Dropout(cfg.dropout_rate)(x_NLD, deterministic=deterministic)
+    x_NLD = Dropout(cfg.dropout_rate)(x_NLD, deterministic=deterministic)
     x_NLD = nn.with_logical_constraint(x_NLD, ('batch', 'length', 'act_embed'))
 
     block = functools.partial(
@@ -129,7 +130,7 @@ class Model(nn.Module):
     extract_BC = batch['extract_positions'].reshape(h_BCLD.shape[:2])
     h_BCD = jnp.take_along_axis(h_BCLD, extract_BC[:, :, None, None], axis=2)[:, :, 0]
     D = cfg.hidden_size
-    dropout = nn.Dropout(cfg.classifier_dropout_rate)
+    dropout = Dropout(cfg.classifier_dropout_rate)
     if cfg.head == 'classify':
       # Similarity: the states of both orderings are added before the linear layer (sec. 3.3).
       h_BD = dropout(h_BCD.sum(axis=1), deterministic=deterministic)

@@ -18,6 +18,9 @@ import jax
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 import jax.numpy as jnp
 
+from models.dropout import Dropout
+from models.dropout import dropout
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -104,6 +107,45 @@ class Embed(nn.Module):
     # wrong on a data x fsdp x tensor mesh (tests/test_train.py catches it).
     table_VD = nn.with_logical_constraint(self.embedding, (self.axes[0], None))
     return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32), table_VD.astype(jnp.float32))
+
+
+def gelu(x: Array, approximate: bool = False) -> Array:
+  """GELU (Hendrycks & Gimpel 2016): exact as google-research/bert writes it,
+  0.5 x (1 + erf(x / sqrt 2)), or OpenAI GPT's tanh approximation.
+
+  jax.nn.gelu's exact form goes through erfc, which costs 4x more on a CPU
+  (8.7 ms against 2.4 ms on 4096 x 1024) for the same values within 1e-6.
+  """
+  if approximate:
+    return jax.nn.gelu(x, approximate=True)
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+
+@jax.custom_vjp
+def add_bias(x_XV: Array, bias_V: Array) -> Array:
+  """x + bias over the last axis; on a CPU the bias gradient is a matrix-vector product.
+
+  XLA's CPU column sum of a wide (N, V) gradient reads it column by column:
+  70 ms for BERT's 640 x 30522 MLM logits, against 2 ms as ones(N) @ g.
+  Other platforms keep the sum.
+  """
+  return x_XV + bias_V
+
+
+def _add_bias_forward(x_XV, bias_V):
+  # Empty arrays carry the dtypes: residuals must be arrays.
+  return x_XV + bias_V, (jnp.empty(0, x_XV.dtype), jnp.empty(0, bias_V.dtype))
+
+
+def _add_bias_backward(dtypes, g_XV):
+  dtypes = [d.dtype for d in dtypes]
+  g_NV = g_XV.reshape(-1, g_XV.shape[-1]).astype(dtypes[1])
+  g_V = jax.lax.platform_dependent(
+      g_NV, cpu=lambda g: jnp.ones(g.shape[:1], g.dtype) @ g, default=lambda g: g.sum(axis=0))
+  return g_XV.astype(dtypes[0]), g_V
+
+
+add_bias.defvjp(_add_bias_forward, _add_bias_backward)
 
 
 def layer_norm(eps: float, dtype: Any, name: str | None = None) -> nn.LayerNorm:
@@ -241,9 +283,7 @@ class MultiHeadAttention(nn.Module):
     logits_BHLS = logits_BHLS / jnp.sqrt(q_BLHK.shape[-1]).astype(jnp.float32)
     logits_BHLS = jnp.where(mask_B11S, logits_BHLS, NEG_INF)
     probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
-    keep = jax.random.bernoulli(self.make_rng('dropout'), 1.0 - self.dropout_rate,
-                                probs_BHLS.shape)
-    probs_BHLS = jnp.where(keep, probs_BHLS / (1.0 - self.dropout_rate), 0.0)
+    probs_BHLS = dropout(probs_BHLS, self.dropout_rate, self.make_rng('dropout'))
     return jnp.einsum('BHLS,BSHK->BLHK', probs_BHLS.astype(self.dtype), v_BSHK)
 
 
@@ -299,7 +339,7 @@ class Mlp(nn.Module):
                    dtype=self.dtype, name='wi')(x_BLD)
     h_BLF = nn.with_logical_constraint(h_BLF, ('batch', 'length', 'act_mlp'))
     if self.activation is None:
-      h_BLF = nn.gelu(h_BLF, approximate=self.approximate_gelu)
+      h_BLF = gelu(h_BLF, approximate=self.approximate_gelu)
     else:
       h_BLF = self.activation(h_BLF)
     return Einsum('BLF,FD->BLD', (F, D), ('mlp', 'embed'), kernel_init=init,
@@ -327,11 +367,11 @@ class PostLNBlock(nn.Module):
         self.num_heads, D // self.num_heads, self.attention_dropout_rate,
         self.init_stddev, self.dtype, decode=self.decode, kernel_init=self.kernel_init,
         name='attention')(x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
-    y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
+    y_BLD = Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'attention_ln')(x_BLD + y_BLD)
     y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, self.approximate_gelu,
                 self.kernel_init, self.activation, name='mlp')(x_BLD)
-    y_BLD = nn.Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
+    y_BLD = Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'mlp_ln')(x_BLD + y_BLD)
     return nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.dropout import Dropout
 from models import layers
 
 Array = jax.Array
@@ -88,7 +89,7 @@ class DecoderBlock(nn.Module):
     attention = functools.partial(
         layers.MultiHeadAttention, self.num_heads, D // self.num_heads,
         self.attention_dropout_rate, dtype=self.dtype, kernel_init=_xavier())
-    drop = lambda x: nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)  # noqa: E731
+    drop = lambda x: Dropout(self.dropout_rate)(x, deterministic=deterministic)  # noqa: E731
     norm = lambda name: layers.layer_norm(self.layer_norm_eps, self.dtype, name)  # noqa: E731
     out_BLD = attention(decode=self.decode, name='self_attention')(
         y_BLD, y_BLD, self_mask_B1LL, deterministic=deterministic)
@@ -131,7 +132,7 @@ class Model(nn.Module):
         layer_norm_eps=cfg.layer_norm_eps, dtype=dtype)
     self.encoder = _Stack(self.encoder_block, cfg.num_encoder_layers, cfg.scan_layers, cfg.remat)
     self.decoder = _Stack(self.decoder_block, cfg.num_decoder_layers, cfg.scan_layers, cfg.remat)
-    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+    self.embed_dropout = Dropout(cfg.dropout_rate)
     self.decode_mask = layers.DecodeMask()
 
   def _inputs(self, embed, ids_BL: Array, positions_BL: Array, deterministic: bool) -> Array:

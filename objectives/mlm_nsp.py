@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from objectives import lm
+
 Array = jax.Array
 
 
@@ -21,15 +23,12 @@ def _pair(total: Array, count: Array) -> Array:
 
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
             ) -> tuple[Array, dict[str, Array]]:
-  logits_BPV = outputs['mlm_logits'].astype(jnp.float32)
-  labels_BP = batch['masked_lm_ids']
   weights_BP = batch['masked_lm_weights'].astype(jnp.float32)
-  logp_BPV = jax.nn.log_softmax(logits_BPV, axis=-1)
-  nll_BP = -jnp.take_along_axis(logp_BPV, labels_BP[..., None], axis=-1)[..., 0]
+  nll_BP, correct_BP = lm.cross_entropy(outputs['mlm_logits'], batch['masked_lm_ids'])
   mlm_count = weights_BP.sum()
   mlm_sum = (nll_BP * weights_BP).sum()
   loss = mlm_sum / jnp.maximum(mlm_count, 1.0)
-  mlm_correct = ((logits_BPV.argmax(-1) == labels_BP) * weights_BP).sum()
+  mlm_correct = (correct_BP * weights_BP).sum()
   metrics = {'mlm_loss': _pair(mlm_sum, mlm_count),
              'mlm_accuracy': _pair(mlm_correct, mlm_count)}
 

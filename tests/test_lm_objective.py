@@ -91,3 +91,32 @@ def test_loss_is_jittable_over_any_leading_shape():
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
   np.testing.assert_allclose(float(loss), (nll * weights).sum() / weights.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_cross_entropy_matches_autodiff_of_log_softmax(dtype):
+  """The fused gradient equals autodiff's of log_softmax + take_along_axis, in the logits' dtype."""
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(3, 5, 37)) * 4, dtype)
+  targets = jnp.asarray(np.random.default_rng(1).integers(0, 37, (3, 5)), jnp.int32)
+  g = jnp.asarray(np.random.default_rng(2).normal(size=(3, 5)), jnp.float32)
+
+  def reference(x):
+    logp = jax.nn.log_softmax(x.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+  nll, correct = lm.cross_entropy(logits, targets)
+  np.testing.assert_allclose(np.asarray(nll), np.asarray(reference(logits)), rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(correct),
+                                np.asarray(logits.argmax(-1) == targets, np.float32))
+  # Ties everywhere: only the first of the top classes counts, as argmax's.
+  tied = jnp.asarray(np.random.default_rng(3).integers(0, 3, (3, 5, 37)), dtype)
+  top = tied.argmax(-1)
+  for t in (targets, top, jnp.where(top > 0, top - 1, top + 1)):
+    np.testing.assert_array_equal(np.asarray(lm.cross_entropy(tied, t)[1]),
+                                  np.asarray(top == t, np.float32))
+  fused = jax.grad(lambda x: (lm.cross_entropy(x, targets)[0] * g).sum())(logits)
+  want = jax.grad(lambda x: (reference(x) * g).sum())(logits)
+  assert fused.dtype == dtype
+  tolerance = 1e-6 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(want, np.float32),
+                             atol=tolerance)

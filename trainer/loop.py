@@ -1,5 +1,6 @@
 """The training loop: setup (data, state, restore), steps, logs, evals, checkpoints, stops."""
 
+import collections
 import dataclasses
 import importlib
 import os
@@ -11,6 +12,7 @@ from typing import Any, Callable
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -122,23 +124,56 @@ def setup(config, workdir: str, mesh) -> Run:
              state, train_step, eval_step, mngr, eval_data, eval_start)
 
 
+@jax.jit
+def _add_on_device(window: dict[str, Any] | None, metrics: dict[str, jax.Array], step
+                   ) -> dict[str, Any]:
+  """Adds a step's metric pairs to the window's sums (None: a new window); keeps the first
+  step whose loss or gradient norm is not finite (0: none yet) and those two values."""
+  if window is None:  # made here, so it lives where the metrics do, on every host
+    window = {'sums': jax.tree.map(jnp.zeros_like, metrics), 'bad_step': jnp.int32(0),
+              'bad_values': jnp.zeros(2, jnp.float32)}
+  loss, grad_norm = metrics['loss'][0], metrics['grad_norm'][0]
+  first = (window['bad_step'] == 0) & ~jnp.isfinite(loss + grad_norm)
+  return {'sums': jax.tree.map(jnp.add, window['sums'], metrics),
+          'bad_step': jnp.where(first, step, window['bad_step']),
+          'bad_values': jnp.where(first, jnp.stack([loss, grad_norm]), window['bad_values'])}
+
+
 class Progress:
-  """Sums step metrics, stops on a non-finite loss, and times the steps between logs."""
+  """Sums step metrics on the device, reads them at log, checkpoint and eval steps (stopping on
+  a non-finite loss), and times the steps between logs.
+
+  Nothing is read back per step, so the host dispatches the next step while the
+  device runs this one; at most `MAX_AHEAD` steps are in flight.
+  """
+  MAX_AHEAD = 2
 
   def __init__(self, run: Run, step: int):
-    self.run, self.totals = run, {}
+    self.run, self.totals, self.window, self.in_flight = run, {}, None, collections.deque()
     self.last_good_step = run.mngr.latest_step()
     self.last_step, self.last_time, self.paused = step, time.time(), 0.0
 
   def add(self, step: int, metrics) -> None:
-    self.totals = accumulate(self.totals, metrics)
-    # A finite loss with a non-finite gradient already spoils this step's parameters.
-    loss, grad_norm = float(self.totals['loss'][0]), float(self.totals['grad_norm'][0])
-    if not np.isfinite(loss + grad_norm):
+    self.window = _add_on_device(self.window, metrics, step)
+    self.in_flight.append(self.window['bad_step'])
+    if len(self.in_flight) > self.MAX_AHEAD:
+      jax.block_until_ready(self.in_flight.popleft())
+
+  def check(self) -> None:
+    """Reads the sums since the last check; FloatingPointError at a non-finite loss."""
+    if self.window is None:
+      return
+    window = jax.device_get(self.window)
+    self.window = None
+    self.in_flight.clear()
+    if window['bad_step']:
+      loss, grad_norm = window['bad_values']
+      # A finite loss with a non-finite gradient already spoils that step's parameters.
       raise FloatingPointError(
-          f'Loss is {loss} and gradient norm {grad_norm} at step {step}; the last good checkpoint is step '
-          f'{self.last_good_step} in {self.run.workdir}. Lower optimizer.learning_rate or '
-          'check the data.')
+          f'Loss is {loss} and gradient norm {grad_norm} at step {window["bad_step"]}; the last '
+          f'good checkpoint is step {self.last_good_step} in {self.run.workdir}. Lower '
+          'optimizer.learning_rate or check the data.')
+    self.totals = accumulate(self.totals, window['sums'])
 
   def save(self, step: int, state: TrainState) -> None:
     """Starts the checkpoint of `step`; a non-finite state is never saved."""
@@ -181,7 +216,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
           f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
           flush=True)
   writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
-  progress, pending, start_step = Progress(run, step), None, step
+  progress, start_step = Progress(run, step), step
   try:
     if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir)):
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
@@ -198,15 +233,10 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         if jax.process_index() == 0:
           print(f'First step (with compilation) took {time.time() - start:.1f}s.', flush=True)
       step += 1
-      # The previous step's metrics are read while this one runs; a non-finite
-      # loss is still caught at its own step, and before any checkpoint.
-      if pending is not None:
-        progress.add(*pending)
-      pending = (step, metrics)
+      progress.add(step, metrics)
       if step % tc.log_every and step % tc.checkpoint_every and step % tc.eval_every and step != end:
         continue
-      progress.add(*pending)
-      pending = None
+      progress.check()  # a non-finite loss since the last check stops the run here, unsaved
       if step % tc.log_every == 0 or step == end:
         summary, steps_per_sec = progress.summary(step)
         writer.write(step, summary, steps_per_sec=steps_per_sec)
@@ -217,8 +247,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         evaluation.evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
     if step < end:  # stopped by SIGTERM
-      if pending is not None:
-        progress.add(*pending)
+      progress.check()
       progress.save(step, state)
       logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
   finally:
