@@ -131,6 +131,19 @@ def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[d
           for name, us in micros.most_common(top)]
 
 
+def ops_by_jax_op(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
+  """Op time per JAX op with the layers together (layer_3 -> layer_*): milliseconds per step
+  and share, the largest first."""
+  jax_ops, micros = _jax_ops(hlo_text), op_micros(trace_path, hlo_text)
+  groups = collections.Counter()
+  for name, us in micros.items():
+    op = re.sub(r'^jit\([^)]*\)/', '', jax_ops.get(name, '')) or name
+    groups[re.sub(r'layer([_/])\d+', r'layer\1*', op)] += us
+  total = sum(groups.values()) or 1
+  return [{'jax_op': op, 'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4)}
+          for op, us in groups.most_common(top)]
+
+
 def matmul_share(trace_path: str, hlo_text: str) -> float:
   """The share of all HLO op time in ops made from a matmul (JAX's dot_general)."""
   jax_ops, micros = _jax_ops(hlo_text), op_micros(trace_path, hlo_text)
@@ -138,9 +151,10 @@ def matmul_share(trace_path: str, hlo_text: str) -> float:
   return round(matmul / (sum(micros.values()) or 1), 4)
 
 
-def profile(compiled, state, batch, directory: str, steps: int = 3) -> tuple[list[dict], float]:
-  """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time and the share
-  of op time in matmuls."""
+def profile(compiled, state, batch, directory: str, steps: int = 3
+            ) -> tuple[list[dict], float, list[dict]]:
+  """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time, the share
+  of op time in matmuls and the top JAX ops (layers together)."""
   with jax.profiler.trace(directory, create_perfetto_trace=True):
     for _ in range(steps):
       state, metrics = compiled(state, batch)
@@ -150,7 +164,8 @@ def profile(compiled, state, batch, directory: str, steps: int = 3) -> tuple[lis
   with open(os.path.join(directory, 'train_step.hlo.txt'), 'w') as f:  # the trace's op names
     f.write(hlo_text)
   trace = max(traces, key=os.path.getmtime)
-  return top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text)
+  return top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text), ops_by_jax_op(
+      trace, hlo_text, steps)
 
 
 def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
@@ -179,7 +194,8 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
-    ops, matmuls = profile(compiled, state, batch, profile_dir) if profile_dir else (None, 0)
+    ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir) if profile_dir
+                             else (None, 0, None))
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
     peak *= jax.device_count()
@@ -199,18 +215,21 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       'input_examples_per_sec': (round(input_examples_per_sec(config, input_seconds), 1)
                                  if input_seconds > 0 else None),
-      **({'profile_dir': profile_dir, 'top_ops': ops, 'matmul_share': matmuls}
-         if ops is not None else {}),
+      **({'profile_dir': profile_dir, 'top_ops': ops, 'matmul_share': matmuls,
+          'top_jax_ops': grouped} if ops is not None else {}),
   }
 
 
-def print_ops(ops: list[dict], step_seconds: float, matmuls: float) -> None:
+def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: list[dict]) -> None:
   print(f'HLO ops by time per step (the step took {step_seconds * 1e3:.1f} ms; shares are of all '
         f'HLO op time, summed over threads; {matmuls:.0%} of it in matmuls):')
   for op in ops:
     jax_op = re.sub(r'^jit\([^)]*\)/', '', op['jax_op'])
     print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["opcode"]:<8} {op["op"]:<24} '
           f'{jax_op[-60:]}')
+  print('The same time by JAX op, all layers together:')
+  for op in grouped:
+    print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["jax_op"][-90:]}')
 
 
 def main(argv):
@@ -221,7 +240,8 @@ def main(argv):
   result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
                      flags.FLAGS.input_seconds)
   if 'top_ops' in result:
-    print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'])
+    print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'],
+              result['top_jax_ops'])
   print(json.dumps(result))
 
 

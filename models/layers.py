@@ -10,6 +10,7 @@ Shape legend for names such as `x_BLD`:
 """
 
 import functools
+import math
 from typing import Any, Callable, Sequence
 
 import flax
@@ -52,6 +53,28 @@ def truncated_normal(stddev: float) -> Initializer:
   return nn.initializers.truncated_normal(stddev)
 
 
+def _einsum_as_matmul(equation: str, x: Array, kernel: Array) -> Array:
+  """einsum(equation, x, kernel); as one 2-D matmul when x's last axes contract with the
+  kernel's first ones and the output is x's other axes, then the kernel's ('BLD,DHK->BLHK',
+  'BLHK,HKD->BLD').
+
+  Then XLA's CPU dots read x and the gradients in place; as a 3-D einsum their weight
+  gradients first copied them into transposed layouts (BERT mini: 139 ms of the attention
+  projections' backward against 68 ms).
+  """
+  inputs, out = equation.split('->')
+  x_letters, kernel_letters = inputs.split(',')
+  n = len([c for c in kernel_letters if c in x_letters])
+  contracted = kernel_letters[:n]
+  if (not n or not x_letters.endswith(contracted) or
+      out != x_letters[:-n] + kernel_letters[n:] or len(set(equation) - set(',->')) !=
+      len(x_letters) + len(kernel_letters) - n):
+    return jnp.einsum(equation, x, kernel)
+  lead, rest = x.shape[:-n], kernel.shape[n:]
+  y = x.reshape(-1, math.prod(kernel.shape[:n])) @ kernel.reshape(-1, math.prod(rest))
+  return y.reshape(*lead, *rest)
+
+
 class Einsum(nn.Module):
   """A projection `einsum(equation, x, kernel) (+ bias)` with a named kernel.
 
@@ -70,7 +93,7 @@ class Einsum(nn.Module):
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(self.kernel_init, self.axes),
         tuple(self.shape), jnp.float32)
-    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = _einsum_as_matmul(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     if not self.use_bias:
       return y
     kernel_letters = self.equation.split(',')[1].split('->')[0]

@@ -1,9 +1,10 @@
 """Peer: BERT pretraining's train step (MLM + NSP) with transformers 4.57.6's Flax classes.
 
 transformers 5 dropped its Flax classes, so this runs in its own venv
-(peers/requirements-hf-flax.txt):
+(peers/requirements-hf-flax.txt; the README has the two commands that make it):
 
-    /tmp/venv-hf4/bin/python peers/bert_hf_flax.py --shape=mini --variant=gathered
+    peers/.venv-hf-flax/bin/python peers/bert_hf_flax.py --shape=mini --variant=gathered
+    peers/.venv-hf-flax/bin/python peers/bert_hf_flax.py --shape=mini --variant=gathered --profile=/tmp/hf_profile
 
 'stock' is FlaxBertForPreTraining as is (MLM logits at every position, the
 loss weighted to the masked ones); 'gathered' applies the same heads, with the
@@ -11,6 +12,7 @@ same params, to the hidden states at the max_predictions_per_seq masked
 positions only, as BERT's reference run_pretraining.py does.
 """
 
+import glob
 import os
 import sys
 import time
@@ -24,7 +26,7 @@ from transformers import BertConfig, FlaxBertForPreTraining
 from transformers.models.bert.modeling_flax_bert import FlaxBertModule, FlaxBertPreTrainingHeads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # pylint: disable=wrong-import-position
+import common  # noqa: E402
 
 # configs/bert_base.py's VARIANTS, with bench-sized batches.
 SHAPES = {
@@ -116,8 +118,24 @@ def build(shape, batch_size, seq_len, seed):
   return model, flax.core.unfreeze(params), make_batch(k_data, batch_size, seq_len, s['vocab_size'])
 
 
+def profile(step, hlo_text: str, directory: str, step_seconds: float, steps: int = 3) -> None:
+  """bench.py --profile's trace and summary, for this step."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import bench  # noqa: E402  (the project's, for its trace summary)
+  with jax.profiler.trace(directory, create_perfetto_trace=True):
+    for _ in range(steps):
+      out = step()
+    jax.block_until_ready(out)
+  with open(os.path.join(directory, 'train_step.hlo.txt'), 'w') as f:
+    f.write(hlo_text)
+  trace = max(glob.glob(os.path.join(directory, 'plugins', 'profile', '*',
+                                     'perfetto_trace.json.gz')), key=os.path.getmtime)
+  bench.print_ops(bench.top_ops(trace, hlo_text, steps), step_seconds,
+                  bench.matmul_share(trace, hlo_text), bench.ops_by_jax_op(trace, hlo_text, steps))
+
+
 def main():
-  args = common.parse_flags(__doc__.splitlines()[0], SHAPES, tuple(PEERS))
+  args = common.parse_flags(__doc__.splitlines()[0], SHAPES, tuple(PEERS), profile=True)
   batch_size = args.batch_size or SHAPES[args.shape]['batch_size']
   seq_len = args.seq_len or SHAPES[args.shape]['seq_len']
   model, params, batch = build(args.shape, batch_size, seq_len, args.seed)
@@ -147,6 +165,8 @@ def main():
 
   seconds, state = common.seconds_per_step(step, args.steps, args.warmup,
                                            wait=jax.block_until_ready)
+  if args.profile:
+    profile(step, step_fn.as_text(), args.profile, seconds)
   common.report(PEERS[args.variant], batch_size, seq_len, seconds,
                 final_loss=round(float(state[3]), 4), compile_seconds=round(compile_seconds, 2))
 

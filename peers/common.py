@@ -12,7 +12,8 @@ import time
 from typing import Any, Callable
 
 
-def parse_flags(description: str, shapes: dict, variants: tuple = ('stock',)) -> argparse.Namespace:
+def parse_flags(description: str, shapes: dict, variants: tuple = ('stock',),
+                profile: bool = False) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument('--shape', choices=sorted(shapes), required=True,
                       help='the sizes of a bench.py config variant')
@@ -22,6 +23,9 @@ def parse_flags(description: str, shapes: dict, variants: tuple = ('stock',)) ->
   parser.add_argument('--steps', type=int, default=10, help='timed steps')
   parser.add_argument('--warmup', type=int, default=2, help='untimed steps first')
   parser.add_argument('--seed', type=int, default=0)
+  if profile:
+    parser.add_argument('--profile', default='', help='also trace 3 steps into this directory '
+                        'and print bench.py\'s summary of the ops')
   args = parser.parse_args()
   if args.steps < 1 or args.warmup < 0:
     parser.error(f'--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0.')

@@ -6,6 +6,7 @@ import os
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -281,3 +282,22 @@ def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
   tx = trainer.optimizer.make_optimizer(opt, lambda step: 1.0)
   updates, _ = tx.update({'w': np.float32(50.0)}, tx.init({'w': np.float32(0.0)}))
   np.testing.assert_allclose(updates['w'], -50.0)
+
+
+def test_step_metrics_are_summed_on_the_device_even_when_their_names_change():
+  """CVT's labeled and unlabeled steps report different metrics; the first non-finite step
+  and its loss and gradient norm are kept until the host reads the window."""
+  nan, inf = float('nan'), float('inf')
+  steps = [{'loss': [1.0, 1.0], 'grad_norm': [2.0, 1.0], 'a': [3.0, 1.0]},
+           {'loss': [nan, 1.0], 'grad_norm': [1.0, 1.0], 'b': [5.0, 2.0]},
+           {'loss': [1.0, 1.0], 'grad_norm': [inf, 1.0], 'a': [1.0, 1.0]}]
+  window = None
+  for step, metrics in enumerate(steps, start=1):
+    window = trainer.loop._add_on_device(
+        window, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}, step)
+  window = jax.device_get(window)
+  assert int(window['bad_step']) == 2
+  assert np.isnan(window['bad_values'][0]) and window['bad_values'][1] == 1.0
+  np.testing.assert_array_equal(window['sums']['a'], [4.0, 2.0])
+  np.testing.assert_array_equal(window['sums']['b'], [5.0, 2.0])
+  np.testing.assert_array_equal(window['sums']['grad_norm'], [inf, 3.0])

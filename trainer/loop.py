@@ -130,11 +130,14 @@ def _add_on_device(window: dict[str, Any] | None, metrics: dict[str, jax.Array],
   """Adds a step's metric pairs to the window's sums (None: a new window); keeps the first
   step whose loss or gradient norm is not finite (0: none yet) and those two values."""
   if window is None:  # made here, so it lives where the metrics do, on every host
-    window = {'sums': jax.tree.map(jnp.zeros_like, metrics), 'bad_step': jnp.int32(0),
-              'bad_values': jnp.zeros(2, jnp.float32)}
+    window = {'sums': {}, 'bad_step': jnp.int32(0), 'bad_values': jnp.zeros(2, jnp.float32)}
+  # Steps may report different metrics (CVT's labeled and unlabeled batches).
+  sums = dict(window['sums'])
+  for name, value in metrics.items():
+    sums[name] = sums[name] + value if name in sums else value
   loss, grad_norm = metrics['loss'][0], metrics['grad_norm'][0]
   first = (window['bad_step'] == 0) & ~jnp.isfinite(loss + grad_norm)
-  return {'sums': jax.tree.map(jnp.add, window['sums'], metrics),
+  return {'sums': sums,
           'bad_step': jnp.where(first, step, window['bad_step']),
           'bad_values': jnp.where(first, jnp.stack([loss, grad_norm]), window['bad_values'])}
 
