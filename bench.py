@@ -5,8 +5,10 @@
 
 Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
 model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
-matmul peak (measured here, first), compile seconds, peak memory, and the
-input pipeline's examples/s on the configured source.
+matmul peak (measured here, first), compile seconds, peak memory, page faults
+per step, and the input pipeline's examples/s on the configured source. On a
+CPU backend, glibc's malloc is first set to keep freed memory, as train.py
+does (trainer/host_memory.py; --nokeep_freed_memory measures without).
 
 --profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
 profile plugin or ui.perfetto.dev open it), writes the compiled step's HLO
@@ -34,6 +36,7 @@ from ml_collections import config_flags
 
 import input_pipeline
 from trainer import cli
+from trainer import host_memory
 from trainer import sharding
 import trainer.checks
 import trainer.state
@@ -169,7 +172,7 @@ def profile(compiled, state, batch, directory: str, steps: int = 3
 
 
 def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
-              input_seconds: float = 30.0) -> dict:
+              input_seconds: float = 30.0, keeps_freed_memory: bool = False) -> dict:
   peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
   # A fine-tuning config's sizes come from its init_from.
@@ -189,11 +192,12 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     for _ in range(warmup):
       state, _ = compiled(state, batch)
     jax.block_until_ready(state)
-    start = time.perf_counter()
+    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     for _ in range(steps):
       state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
     ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir) if profile_dir
                              else (None, 0, None))
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
@@ -212,6 +216,8 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'mfu': round(flops / step_seconds / peak, 4),
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
+      'page_faults_per_step': round(faults),  # minor: pages the kernel mapped (and zeroed)
+      'malloc_keeps_freed_memory': keeps_freed_memory,
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       'input_examples_per_sec': (round(input_examples_per_sec(config, input_seconds), 1)
                                  if input_seconds > 0 else None),
@@ -234,11 +240,13 @@ def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: lis
 
 def main(argv):
   del argv
+  # Before JAX's backend starts.
+  keeps_freed_memory = flags.FLAGS.keep_freed_memory and host_memory.keep_freed_memory()
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
   result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
-                     flags.FLAGS.input_seconds)
+                     flags.FLAGS.input_seconds, keeps_freed_memory)
   if 'top_ops' in result:
     print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'],
               result['top_jax_ops'])
@@ -253,4 +261,6 @@ if __name__ == '__main__':
                       'HLO ops by time.')
   flags.DEFINE_float('input_seconds', 30.0, 'At most this long measuring the input pipeline; 0 '
                      'skips it (input_examples_per_sec is then null).')
+  flags.DEFINE_bool('keep_freed_memory', True, 'On a CPU backend, set glibc\'s malloc to keep '
+                    'freed memory as train.py does; --nokeep_freed_memory measures without.')
   app.run(main, flags_parser=cli.parse_flags)

@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from trainer import checkpoints
 from trainer import cli
+from trainer import host_memory
 from trainer import loop
 from trainer import sharding
 
@@ -37,6 +38,7 @@ from trainer import sharding
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  host_memory.keep_freed_memory()  # before JAX's backend starts
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   sharding.initialize_hosts(flags.FLAGS.multihost)

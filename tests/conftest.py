@@ -20,6 +20,10 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trainer import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+host_memory.keep_freed_memory()  # each worker's steps reuse freed memory, as train.py's do
+
 # Made once by the controller, before the xdist workers start (they inherit it).
 _OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
 if _OWN_CACHE:

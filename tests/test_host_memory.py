@@ -1,0 +1,62 @@
+"""trainer/host_memory.py: glibc's malloc keeps freed memory on a CPU backend, and only there."""
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from trainer import host_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Allocates, touches and frees 64 MiB with malloc ten times, as XLA:CPU's buffers are; prints whether the options were set and the
+# page faults of the last nine rounds. glibc's defaults map and unmap the block each round
+# (16,384 fresh 4 KiB pages); kept, the first round's pages serve the others.
+_ROUNDS = """
+import ctypes, resource, sys
+from trainer import host_memory
+applied = host_memory.keep_freed_memory() if sys.argv[1] == 'keep' else False
+libc = ctypes.CDLL('libc.so.6')
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+def round_trip():
+  block = libc.malloc(64 << 20)
+  ctypes.memset(block, 1, 64 << 20)
+  libc.free(block)
+round_trip()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(9):
+  round_trip()
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _rounds(mode: str, platforms: str) -> tuple[str, int]:
+  env = dict(os.environ, JAX_PLATFORMS=platforms)
+  out = subprocess.run([sys.executable, '-c', _ROUNDS, mode], cwd=ROOT, env=env, check=True,
+                       capture_output=True, text=True, timeout=120).stdout.split()
+  return out[0], int(out[1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc malloc options')
+def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
+  applied, faults = _rounds('keep', 'cpu')
+  assert applied == 'True' and faults < 2000, faults
+  default_applied, default_faults = _rounds('default', 'cpu')
+  assert default_applied == 'False' and default_faults > 9 * 16000, default_faults
+  # A TPU or GPU run keeps glibc's defaults.
+  assert _rounds('keep', 'tpu')[0] == 'False'
+
+
+def test_the_cpu_backend_is_expected_from_the_platforms_flag_or_the_devices(monkeypatch):
+  for platforms, expected in [('cuda,cpu', False), ('cpu', True), ('tpu', False)]:
+    monkeypatch.setattr(host_memory, '_platforms', lambda p=platforms: p)
+    assert host_memory.cpu_backend_expected() == expected, platforms
+  # Unset: the CPU unless the machine has an accelerator's device node.
+  monkeypatch.setattr(host_memory, '_platforms', lambda: '')
+  monkeypatch.setattr(host_memory.glob, 'glob',
+                      lambda pattern: ['/dev/accel0'] if 'accel' in pattern else [])
+  assert not host_memory.cpu_backend_expected()
+  monkeypatch.setattr(host_memory.glob, 'glob', lambda pattern: [])
+  assert host_memory.cpu_backend_expected()
