@@ -39,6 +39,7 @@ from trainer import cli
 from trainer import host_memory
 from trainer import sharding
 import trainer.checks
+import trainer.loop
 import trainer.state
 
 
@@ -193,8 +194,12 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       state, _ = compiled(state, batch)
     jax.block_until_ready(state)
     faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-    for _ in range(steps):
+    in_flight = collections.deque()
+    for _ in range(steps):  # as many steps in flight as train.py's loop lets run ahead
       state, metrics = compiled(state, batch)
+      in_flight.append(metrics)
+      if len(in_flight) > trainer.loop.Progress.MAX_AHEAD:
+        jax.block_until_ready(in_flight.popleft())
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
