@@ -115,7 +115,7 @@ def main():
   parser.add_argument('--cases', default=','.join(CASES), help=f'of {", ".join(CASES)}')
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=5, help='timed steps per run')
-  parser.add_argument('--warmup', type=int, default=2, help='untimed steps per run')
+  parser.add_argument('--warmup', type=int, default=4, help='untimed steps per run')
   parser.add_argument('--hf_flax_python', default=HF_FLAX_PYTHON,
                       help='a python with transformers 4.57.6; empty leaves HF Flax out')
   parser.add_argument('--also', default='', help='other checkouts (comma-separated directories) '
