@@ -261,7 +261,8 @@ def main(argv):
 if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
   flags.DEFINE_integer('steps', 10, 'Timed steps.')
-  flags.DEFINE_integer('warmup', 4, 'Untimed steps after compilation (on a CPU the heap grows over the first few).')
+  flags.DEFINE_integer('warmup', 4, 'Untimed steps after compilation (on a CPU the heap grows '
+                       'over the first few).')
   flags.DEFINE_string('profile', '', 'Also trace 3 steps into this directory and print the top '
                       'HLO ops by time.')
   flags.DEFINE_float('input_seconds', 30.0, 'At most this long measuring the input pipeline; 0 '
