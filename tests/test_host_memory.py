@@ -38,7 +38,8 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def _rounds(mode: str, platforms: str, mib: int = 64, rounds: int = 10) -> tuple[str, int]:
   env = dict(os.environ, JAX_PLATFORMS=platforms)
   out = subprocess.run([sys.executable, '-c', _ROUNDS, mode, str(mib), str(rounds)], cwd=ROOT,
-                       env=env, check=True, capture_output=True, text=True, timeout=120).stdout.split()
+                       env=env, check=True, capture_output=True, text=True,
+                       timeout=120).stdout.split()
   return out[0], int(out[1])
 
 
