@@ -193,7 +193,8 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     for _ in range(warmup):
       state, _ = compiled(state, batch)
     jax.block_until_ready(state)
-    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
     in_flight = collections.deque()
     for _ in range(steps):  # as many steps in flight as train.py's loop lets run ahead
       state, metrics = compiled(state, batch)
@@ -202,7 +203,7 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
         jax.block_until_ready(in_flight.popleft())
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / steps
     ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir) if profile_dir
                              else (None, 0, None))
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size

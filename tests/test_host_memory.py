@@ -10,6 +10,8 @@ import pytest
 from trainer import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# mallopt's options are glibc's; elsewhere keep_freed_memory() does nothing.
+_GLIBC_ONLY = pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc malloc options')
 
 # Allocates, touches and frees a block of the given MiB with malloc, as XLA:CPU's buffers are,
 # the given number of rounds; prints whether the options were set and the page faults of all
@@ -43,7 +45,7 @@ def _rounds(mode: str, platforms: str, mib: int = 64, rounds: int = 10) -> tuple
   return out[0], int(out[1])
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc malloc options')
+@_GLIBC_ONLY
 def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
   applied, faults = _rounds('keep', 'cpu')
   assert applied == 'True' and faults < 2000, faults
@@ -53,7 +55,7 @@ def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
   assert _rounds('keep', 'tpu')[0] == 'False'
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc malloc options')
+@_GLIBC_ONLY
 def test_a_free_block_above_2_gib_is_kept_too():
   # BERT-base's step frees more than 2 GiB at once: a trim threshold of 2**31 - 1 (mallopt's
   # largest positive value) gave the heap back every step, 356,000 page faults per step.

@@ -7,7 +7,10 @@ trimmed, a thread's arena deletes its empty heaps), so every step touches
 fresh pages again: the kernel zeroes each one on a page fault. Here (2-core
 EPYC, BERT mini, 32 x 128) that was ~200,000 faults and 0.6-0.7 s of system
 time in a 1.8 s step. One arena for all threads, no mmap'd blocks and no
-trimming keep the freed pages in the process for the next step.
+trimming keep the freed pages in the process for the next step. The price:
+the resident size stays at its peak (GPT-1 4 x 512: 15.3 GB against 8.0), and
+the one arena halves a threaded input pipeline's rate (BERT tiny: 4,350
+examples/s against 8,100); train.py and bench.py take --nokeep_freed_memory.
 
 The options only help when they are set before JAX starts its backend: its
 threads pick their arenas then, and a thread's own arena maps its large blocks
