@@ -31,10 +31,18 @@ def test_profile_names_the_hlo_ops_that_take_the_time(shared_data_dir, tmp_path)
   assert ops and all(0 < op['share'] <= 1 and op['ms_per_step'] > 0 for op in ops)
   assert sum(op['share'] for op in ops) <= 1.0001
   assert [op['share'] for op in ops] == sorted((op['share'] for op in ops), reverse=True)
-  # The matmuls of a transformer step are among its most expensive ops.
-  assert any(op['jax_op'].endswith('dot_general') for op in ops), ops
-  matmuls = sum(op['share'] for op in ops if op['jax_op'].endswith('dot_general'))
-  assert matmuls - 1e-3 <= result['matmul_share'] < 1
+  # The whole op table, read back from the trace and HLO the profile wrote, holds the step's
+  # matmuls and adds up to the matmul share. The top 12 alone may hold no matmul: in a micro
+  # model on 8 simulated devices, all-reduces and dropout's bits can outweigh them (CI saw it).
+  hlo = (tmp_path / 'train_step.hlo.txt').read_text(encoding='utf-8')
+  trace = max(tmp_path.glob('plugins/profile/*/perfetto_trace.json.gz'),
+              key=lambda p: p.stat().st_mtime)
+  every_op = bench.top_ops(str(trace), hlo, steps=3, top=None)
+  assert every_op[:len(ops)] == ops
+  assert abs(sum(op['share'] for op in every_op) - 1) < 1e-4 * len(every_op)
+  matmuls = sum(op['share'] for op in every_op if op['jax_op'].endswith('dot_general'))
+  assert 0 < matmuls < 1
+  assert abs(matmuls - result['matmul_share']) < 1e-4 * len(every_op)
 
 
 def test_top_ops_reads_a_trace_against_the_hlo(tmp_path):
