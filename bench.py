@@ -192,15 +192,17 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     compile_seconds = time.perf_counter() - start
     for _ in range(warmup):
       state, _ = compiled(state, batch)
-    jax.block_until_ready(state)
+      jax.block_until_ready(state)
+      host_memory.give_back_if_over()
     faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     in_flight = collections.deque()
     for _ in range(steps):  # as many steps in flight as train.py's loop lets run ahead
       state, metrics = compiled(state, batch)
       in_flight.append(metrics)
-      if len(in_flight) > trainer.loop.Progress.MAX_AHEAD:
+      if len(in_flight) > trainer.loop.Progress.max_ahead():
         jax.block_until_ready(in_flight.popleft())
+        host_memory.give_back_if_over()
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / steps
@@ -223,7 +225,7 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
       'page_faults_per_step': round(faults),  # minor: pages the kernel mapped (and zeroed)
-      'malloc_keeps_freed_memory': keeps_freed_memory,
+      'malloc_keeps_freed_memory': keeps_freed_memory and host_memory.kept(),  # to the end
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       'input_examples_per_sec': (round(input_examples_per_sec(config, input_seconds), 1)
                                  if input_seconds > 0 else None),

@@ -63,6 +63,45 @@ def test_a_free_block_above_2_gib_is_kept_too():
   assert applied == 'True' and faults < 2000, faults
 
 
+# Keeps a freed 512 MiB block, then asks for it back below and above the threshold; prints
+# each answer, whether memory is still kept and how many bytes of resident memory went back.
+_GIVE_BACK = """
+import ctypes, os
+from trainer import host_memory
+assert host_memory.keep_freed_memory()
+libc = ctypes.CDLL('libc.so.6')
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+block = libc.malloc(512 << 20)
+ctypes.memset(block, 1, 512 << 20)
+libc.free(block)
+def resident():
+  with open('/proc/self/statm') as f:
+    return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+kept = resident()
+under = host_memory.give_back_if_over(fraction=1.0)
+host_memory.memory_limit_bytes = lambda: 2 << 20  # 2 MiB: any peak is past half of it
+over = host_memory.give_back_if_over(fraction=0.5)
+again = host_memory.give_back_if_over(fraction=0.5)
+print(under, over, again, host_memory.kept(), kept - resident())
+"""
+
+
+@_GLIBC_ONLY
+def test_kept_memory_is_given_back_once_the_peak_passes_the_threshold():
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', _GIVE_BACK], cwd=ROOT, env=env, check=True,
+                       capture_output=True, text=True, timeout=120).stdout.split()
+  under, over, again, still_kept, released = out
+  assert (under, over, again, still_kept) == ('False', 'True', 'False', 'False'), out
+  assert int(released) > 400 << 20, out  # the freed block's pages went back
+
+
+def test_the_machine_memory_limit_is_positive_and_at_most_physical_memory():
+  physical = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  assert 0 < host_memory.memory_limit_bytes() <= physical
+
+
 def test_the_cpu_backend_is_expected_from_the_platforms_flag_or_the_devices(monkeypatch):
   for platforms, expected in [('cuda,cpu', False), ('cpu', True), ('tpu', False)]:
     monkeypatch.setattr(host_memory, '_platforms', lambda p=platforms: p)
