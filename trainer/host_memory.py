@@ -42,7 +42,7 @@ _M_ARENA_MAX = -8
 _DEFAULT_MMAP_MAX = 65536
 _DEFAULT_TRIM_THRESHOLD = 128 * 1024
 # The share of the machine's memory the peak resident size may reach with freed memory kept.
-GIVE_BACK_AT = 0.6
+GIVE_BACK_AT = 0.5
 _kept = False  # whether keep_freed_memory() set the options and they have not been given back
 # Device nodes of TPUs (/dev/accel*, /dev/vfio/N on v5 and later), NVIDIA and AMD GPUs.
 _ACCELERATOR_NODES = ('/dev/accel[0-9]*', '/dev/vfio/[0-9]*', '/dev/nvidia[0-9]*', '/dev/kfd')
