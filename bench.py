@@ -200,9 +200,7 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     for _ in range(steps):  # as many steps in flight as train.py's loop lets run ahead
       state, metrics = compiled(state, batch)
       in_flight.append(metrics)
-      if len(in_flight) > trainer.loop.Progress.max_ahead():
-        jax.block_until_ready(in_flight.popleft())
-        host_memory.give_back_if_over()
+      trainer.loop.wait_for_room(in_flight)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / steps

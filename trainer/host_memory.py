@@ -25,6 +25,7 @@ arenas.
 """
 
 import ctypes
+import functools
 import glob
 import os
 import platform
@@ -85,8 +86,9 @@ def kept() -> bool:
   return _kept
 
 
+@functools.cache
 def memory_limit_bytes() -> int:
-  """The machine's physical memory, or its cgroup's limit when that is lower."""
+  """The machine's physical memory, or its cgroup's limit when that is lower (read once)."""
   limit = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
   for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
     try:

@@ -169,9 +169,7 @@ class Progress:
   def add(self, step: int, metrics) -> None:
     self.window = _add_on_device(self.window, metrics, step)
     self.in_flight.append(self.window['bad_step'])
-    if len(self.in_flight) > self.max_ahead():
-      jax.block_until_ready(self.in_flight.popleft())
-      host_memory.give_back_if_over()
+    wait_for_room(self.in_flight)
 
   def check(self) -> None:
     """Reads the sums since the last check; FloatingPointError at a non-finite loss."""
@@ -211,6 +209,15 @@ class Progress:
                                  self.run.config.data.get('num_choices', 1))
     self.totals, self.last_step, self.last_time, self.paused = {}, step, now, 0.0
     return summary, steps_per_sec
+
+
+def wait_for_room(in_flight: collections.deque) -> None:
+  """Waits for the oldest outputs of `in_flight` (one per dispatched step) until at most
+  Progress.max_ahead() remain; after each wait, between steps, kept host memory may be given
+  back (trainer/host_memory.py)."""
+  while len(in_flight) > Progress.max_ahead():
+    jax.block_until_ready(in_flight.popleft())
+    host_memory.give_back_if_over()
 
 
 def _agreed(flag: bool) -> bool:
