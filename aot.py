@@ -1,15 +1,18 @@
-"""Compiles a config's train step for a TPU topology on this machine (no TPU needed) and reports
-whether it fits in HBM, the predicted step time and MFU bound, and the collectives XLA inserted.
+"""Compiles a config's train step for a TPU slice or NVIDIA GPU nodes on this machine (neither
+needed) and reports whether it fits in HBM, the predicted step time (compute and collectives)
+and MFU bound, and the collectives XLA inserted.
 
     python aot.py --config=configs/bert_base.py:large --topology=v5e:4x4 \
         --config.mesh='(("data",4),("fsdp",4),("tensor",1))'
+    python aot.py --config=configs/bert_base.py:large --topology=h100:8
     python aot.py --config=configs/bert_base.py --topology=v4:2x2x1 --find_max_batch
 
 The train step is train.py's own (trainer.state.build, with the config's logical axis
-rules); the state comes from jax.eval_shape and the batch is abstract, so nothing is executed.
-Every figure is XLA's estimate from compiling, not a measurement on a TPU. Prints a short
-table, then one JSON line; a config that cannot compile or does not fit gets one line that
-names the fix.
+rules and XLA options); the state comes from jax.eval_shape and the batch is abstract, so
+nothing is executed. libtpu describes TPU slices; jax's CUDA plugin describes GPU nodes from
+XLA target descriptions written here (GPUS). Every figure is XLA's estimate from compiling,
+not a measurement. Prints a short table, then one JSON line; a config that cannot compile or
+does not fit gets one line that names the fix.
 """
 
 import dataclasses
@@ -26,11 +29,13 @@ from absl import flags
 from absl import logging
 import jax
 from jax.experimental import topologies
+import numpy as np
 from ml_collections import config_flags
 
 import input_pipeline
 from trainer import cli
 from trainer import sharding
+from trainer import steps
 import trainer.checks
 import trainer.optimizer
 import trainer.state
@@ -39,30 +44,98 @@ GiB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuTarget:
+  """What XLA compiles for on an NVIDIA GPU: the facts of its GpuTargetConfig (NVIDIA's
+  published specifications and the CUDA guide's table of compute capabilities)."""
+  name: str  # the device kind, as the CUDA driver reports it
+  compute_capability: tuple[int, int]
+  sm_count: int
+  fp32_units_per_sm: int
+  shared_memory_per_sm: int
+  shared_memory_per_block_optin: int
+  l2_cache_bytes: int
+  clock_ghz: float
+  cudnn_version: tuple[int, int, int] = (9, 8, 0)
+
+  def target_config(self, memory_bytes: int, memory_bytes_per_sec: float) -> str:
+    """The target as the text proto jax's get_topology_desc(platform='cuda') takes."""
+    major, minor = self.compute_capability
+    cudnn = dict(zip(('major', 'minor', 'patch'), self.cudnn_version))
+    device = {
+        'threads_per_block_limit': 1024, 'threads_per_warp': 32,
+        'shared_memory_per_block': 48 * 1024, 'shared_memory_per_core': self.shared_memory_per_sm,
+        'threads_per_core_limit': 2048, 'core_count': self.sm_count,
+        'fpus_per_core': self.fp32_units_per_sm, 'block_dim_limit_x': 2**31 - 1,
+        'block_dim_limit_y': 65535, 'block_dim_limit_z': 65535,
+        'memory_bandwidth': int(memory_bytes_per_sec), 'l2_cache_size': self.l2_cache_bytes,
+        'clock_rate_ghz': self.clock_ghz, 'device_memory_size': memory_bytes,
+        'shared_memory_per_block_optin': self.shared_memory_per_block_optin,
+        'registers_per_core_limit': 65536, 'registers_per_block_limit': 65536}
+    fields = ' '.join(f'{k}: {v}' for k, v in device.items())
+    return (f'gpu_device_info {{ {fields} cuda_compute_capability {{ major: {major} minor: '
+            f'{minor} }} }} platform_name: "CUDA" dnn_version_info {{ '
+            + ' '.join(f'{k}: {v}' for k, v in cudnn.items())
+            + f' }} device_description_str: "{self.name}"')
+
+
+@dataclasses.dataclass(frozen=True)
 class Chip:
-  """A TPU generation's published per-chip figures."""
+  """An accelerator's published per-device figures.
+
+  `link_bytes_per_sec` is what one device sends in one direction over the links inside its
+  slice or node (TPU ICI, all links; NVLink through the node's NVSwitch); GPUs in other
+  nodes are reached over the network at `network_bytes_per_sec` each (one NIC per GPU).
+  """
   hbm_bytes: int
   bf16_flops: float  # peak dense bf16 FLOP/s
   hbm_bytes_per_sec: float
-  libtpu_name: str  # the generation as libtpu's topology names spell it
-  megacore: bool  # two TensorCores driven as one device
+  link_bytes_per_sec: float
+  network_bytes_per_sec: float = 0.0  # GPUs only: a TPU slice is one ICI domain
+  libtpu_name: str = ''  # TPUs: the generation as libtpu's topology names spell it
+  megacore: bool = False  # TPUs: two TensorCores driven as one device
+  gpu: GpuTarget | None = None
+  usable_fraction: float = 1.0  # of hbm_bytes, what a step may take (GPUs: JAX's allocator)
+
+  @property
+  def platform(self) -> str:
+    return 'gpu' if self.gpu else 'tpu'
 
 
 CHIPS = {
-    'v4': Chip(32 * GiB, 275e12, 1228e9, 'v4', True),
-    'v5e': Chip(16 * GiB, 197e12, 819e9, 'v5e', False),
-    'v5p': Chip(95 * GiB, 459e12, 2765e9, 'v5', True),
-    'v6e': Chip(32 * GiB, 918e12, 1640e9, 'v6e', False),
+    # Cloud TPU docs: bf16 peak, HBM and its bandwidth, ICI per chip (half the bidirectional).
+    'v4': Chip(32 * GiB, 275e12, 1228e9, 300e9, libtpu_name='v4', megacore=True),
+    'v5e': Chip(16 * GiB, 197e12, 819e9, 200e9, libtpu_name='v5e'),
+    'v5p': Chip(95 * GiB, 459e12, 2765e9, 600e9, libtpu_name='v5', megacore=True),
+    'v6e': Chip(32 * GiB, 918e12, 1640e9, 400e9, libtpu_name='v6e'),
 }
+_HOPPER = dict(compute_capability=(9, 0), sm_count=132, fp32_units_per_sm=128,
+               shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
+               l2_cache_bytes=50 * 2**20, clock_ghz=1.98)
+# NVIDIA's data sheets (SXM parts): dense bf16 tensor-core peak, memory, NVLink (half of the
+# bidirectional figure), and DGX nodes' one InfiniBand NIC per GPU (A100 200, H100/H200 400 Gb/s).
+GPUS = {
+    'a100': Chip(85_100_068_864, 312e12, 2039e9, 300e9, 25e9, gpu=GpuTarget(
+        'NVIDIA A100-SXM4-80GB', (8, 0), 108, 64, 164 * 1024, 163 * 1024, 40 * 2**20, 1.41),
+        usable_fraction=steps.GPU_MEMORY_FRACTION),
+    'h100': Chip(84_942_979_072, 989e12, 3350e9, 450e9, 50e9,
+                 gpu=GpuTarget('NVIDIA H100 80GB HBM3', **_HOPPER),
+                 usable_fraction=steps.GPU_MEMORY_FRACTION),
+    'h200': Chip(151_397_597_184, 989e12, 4800e9, 450e9, 50e9,
+                 gpu=GpuTarget('NVIDIA H200', **_HOPPER),
+                 usable_fraction=steps.GPU_MEMORY_FRACTION),
+}
+GPUS_PER_NODE = 8  # an NVLink domain: an HGX/DGX board
 
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute')
-# '%name = f32[8,128]{1,0:T(8,128)} all-gather(' or, tuple-shaped, '%name = (bf16[..], /*index=5*/
-# bf16[..]) all-reduce-start(', one instruction per line.
-_COLLECTIVE_RE = re.compile(
-    r'^\s*(?:ROOT )?%?[\w.-]+ = (.+?) (' + '|'.join(COLLECTIVES) + r')(-start)?\(', re.MULTILINE)
 _SHAPE_RE = re.compile(r'\b([a-z]+[0-9]*)\[([0-9,]*)\]')
 _BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4,
           's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
+# Bytes each device sends per byte of the collective's result, over a group of n (a ring, as
+# NCCL's bus bandwidth counts it): a reduce-scatter's result is one device's share.
+_SENT_PER_RESULT_BYTE = {
+    'all-reduce': lambda n: 2 * (n - 1) / n, 'all-gather': lambda n: (n - 1) / n,
+    'reduce-scatter': lambda n: n - 1, 'all-to-all': lambda n: (n - 1) / n,
+    'collective-permute': lambda n: 1.0}
 
 
 # libtpu looks for this machine's TPU and its worker hosts, and logs that it found none; it
@@ -76,42 +149,215 @@ class DoesNotFit(ValueError):
 
 
 def parse_topology(name: str) -> tuple[Chip, str, tuple[int, ...]]:
-  """'v5e:4x4' -> (the chip, libtpu's topology name, chip grid)."""
-  generation, _, grid = name.partition(':')
-  if generation not in CHIPS or not re.fullmatch(r'\d+(x\d+){1,2}', grid):
-    raise ValueError(f'--topology={name!r}: use GENERATION:GRID with a generation of '
-                     f'{", ".join(CHIPS)}, e.g. v4:2x2x1 or v5e:4x4.')
-  chip = CHIPS[generation]
-  dims = tuple(int(d) for d in grid.split('x'))
-  return chip, f'{chip.libtpu_name}:{grid}', dims
+  """'v5e:4x4' -> (the chip, libtpu's topology name, chip grid); 'h100:4x8' -> (the GPU,
+  the CUDA plugin's topology name, (nodes, GPUs per node)); 'h100:8' is one node."""
+  kind, _, grid = name.partition(':')
+  if kind in GPUS and re.fullmatch(r'(\d+x)?\d+', grid):
+    nodes, per_node = (int(d) for d in (grid if 'x' in grid else f'1x{grid}').split('x'))
+    if 1 <= per_node <= GPUS_PER_NODE and nodes >= 1:
+      return GPUS[kind], f'1x{nodes}x{per_node}', (nodes, per_node)
+  if kind in CHIPS and re.fullmatch(r'\d+(x\d+){1,2}', grid):
+    chip = CHIPS[kind]
+    return chip, f'{chip.libtpu_name}:{grid}', tuple(int(d) for d in grid.split('x'))
+  raise ValueError(f'--topology={name!r}: use GENERATION:GRID with a TPU generation of '
+                   f'{", ".join(CHIPS)} (e.g. v4:2x2x1, v5e:4x4), or GPU:NODESxGPUS with a GPU '
+                   f'of {", ".join(GPUS)} and up to {GPUS_PER_NODE} GPUs a node (e.g. h100:8, '
+                   'h100:4x8).')
 
 
 def topology_devices(name: str) -> tuple[Chip, list[Any]]:
-  """The compile-only devices of a TPU topology (one per chip), described by libtpu."""
-  chip, libtpu_name, dims = parse_topology(name)
-  per_host = tuple(min(d, h) for d, h in zip(dims + (1,) * (3 - len(dims)), (2, 2, 1)))
+  """The compile-only devices of a TPU slice (one per chip, described by libtpu) or of GPU
+  nodes (one process per node, described by jax's CUDA plugin)."""
+  chip, topology_name, dims = parse_topology(name)
   try:
-    topology = topologies.get_topology_desc(
-        platform='tpu', topology_name=libtpu_name,
-        chip_config_name='megacore' if chip.megacore else 'default',
-        chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
-  except Exception as e:  # libtpu missing, or a grid it does not know
-    raise ValueError(f'libtpu cannot describe topology {name!r} ({str(e).splitlines()[0]}): '
-                     'install requirements-dev.txt (libtpu) and use a real slice shape.') from e
+    if chip.gpu:
+      topology = topologies.get_topology_desc(
+          platform='cuda', topology=topology_name,
+          target_config=chip.gpu.target_config(chip.hbm_bytes, chip.hbm_bytes_per_sec))
+    else:
+      per_host = tuple(min(d, h) for d, h in zip(dims + (1,) * (3 - len(dims)), (2, 2, 1)))
+      topology = topologies.get_topology_desc(
+          platform='tpu', topology_name=topology_name,
+          chip_config_name='megacore' if chip.megacore else 'default',
+          chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
+  except Exception as e:  # libtpu or the CUDA plugin missing, or a grid it does not know
+    needs = ('jax\'s CUDA plugin, run with JAX_PLATFORMS=cpu' if chip.gpu else 'libtpu')
+    raise ValueError(f'cannot describe topology {name!r} ({str(e).splitlines()[0]}): install '
+                     f'requirements-dev.txt ({needs}) and use a real slice shape.') from e
   return chip, list(topology.devices)
 
 
-def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
-  """Count and result bytes of each collective in compiled HLO text (the body of a loop, such as
-  scanned layers, counted once)."""
-  found = {kind: {'count': 0, 'bytes': 0} for kind in COLLECTIVES}
-  for shapes, kind, started in _COLLECTIVE_RE.findall(hlo_text):
-    sizes = [_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(',') if d)
-             for dtype, dims in _SHAPE_RE.findall(shapes)]
-    # An async start returns (operands..., results..., context): its largest member is the data.
-    found[kind]['count'] += 1
-    found[kind]['bytes'] += max(sizes) if started else sum(sizes)
+_INSTRUCTION_RE = re.compile(r'^\s*(?:ROOT )?%?([\w.-]+) = (.+?) ([a-z][\w-]*)\((.*)$')
+_HEADER_RE = re.compile(r'^(ENTRY )?%?([\w.-]+) \(.*\{\s*$')
+_TRIPS_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+# Bookkeeping: no data moves (or it is counted where the data is made or used).
+_NO_TRAFFIC = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'while', 'call',
+               'conditional', 'after-all', 'partition-id', 'replica-id', 'opt-barrier'}
+
+
+def hlo_instructions(hlo_text: str) -> list[tuple[str, str, str, str, int]]:
+  """(name, result shape, opcode, operands and attributes, times run) of the instructions that
+  run, from compiled HLO text: the entry computation's, and a loop body's as many times as its
+  trip count (XLA's known_trip_count, nested loops multiplied; once where unknown); fused
+  computations are not entered. Text without computations is one computation."""
+  computations: dict[str, list[str]] = {}
+  entry, current = None, None
+  for line in hlo_text.splitlines():
+    header = _HEADER_RE.match(line)
+    if header and current is None:
+      current = header.group(2)
+      computations[current] = []
+      entry = current if header.group(1) else entry
+    elif line.startswith('}'):
+      current = None
+    elif current is not None:
+      computations[current].append(line)
+  if entry is None:
+    computations, entry = {'entry': hlo_text.splitlines()}, 'entry'
+  found = []
+
+  def visit(name: str, times: int) -> None:
+    for line in computations.get(name, []):
+      match = _INSTRUCTION_RE.match(line)
+      if not match:
+        continue
+      found.append(match.groups() + (times,))
+      called = re.search(r'body=%?([\w.-]+)', line) if match.group(3) == 'while' else (
+          re.search(r'calls=%?([\w.-]+)', line) if match.group(3) in ('call', 'async-start')
+          else None)
+      if called:
+        visit(called.group(1), times * (_trip_count(line, computations)
+                                        if match.group(3) == 'while' else 1))
+
+  visit(entry, 1)
   return found
+
+
+def _trip_count(while_line: str, computations: dict[str, list[str]]) -> int:
+  """A while loop's trip count: XLA's known_trip_count (GPU), else the one integer constant
+  its condition compares the counter with (scan and fori_loop count from 0), else 1."""
+  known = _TRIPS_RE.search(while_line)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r'condition=%?([\w.-]+)', while_line)
+  bounds = [int(n) for line in computations.get(condition.group(1) if condition else '', [])
+            for n in re.findall(r'= s32\[\][^ ]* constant\((\d+)\)', line)]
+  return bounds[0] if len(bounds) == 1 else 1
+
+
+def _shape_bytes(shapes: str) -> list[int]:
+  return [_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(',') if d)
+          for dtype, dims in _SHAPE_RE.findall(shapes)]
+
+
+def _operands(arguments: str) -> list[str]:
+  """The %names inside an instruction's parentheses (its attributes follow them)."""
+  depth = 1
+  for i, c in enumerate(arguments):
+    depth += (c == '(') - (c == ')')
+    if not depth:
+      return re.findall(r'%([\w.-]+)', arguments[:i])
+  return re.findall(r'%([\w.-]+)', arguments)
+
+
+def hlo_bytes(hlo_text: str) -> float:
+  """HBM bytes a step moves, from compiled HLO: every op that runs reads its operands and
+  writes its result once (a fusion as one op, loop bodies times their trips), no cache reuse.
+  XLA's own count where it gives none (GPUs)."""
+  instructions = hlo_instructions(hlo_text)
+  sizes = {name: sum(_shape_bytes(shape)) for name, shape, *_ in instructions}
+  total = 0.0
+  for name, _, opcode, arguments, times in instructions:
+    if opcode in _NO_TRAFFIC or opcode.endswith('-done'):
+      continue
+    total += times * (sizes[name] + sum(sizes.get(op, 0) for op in _operands(arguments)))
+  return total
+
+
+def _replica_groups(attributes: str, num_devices: int) -> list[list[int]]:
+  """The device groups of a collective from the rest of its HLO line: explicit
+  ({{0,1},{2,3}}), iota ([2,2]<=[4] or [2,2]<=[2,2]T(1,0)), over axes of a mesh of device ids
+  (mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}), a permute's pairs, or
+  all devices."""
+  def iota(dims: str, perm: str | None) -> np.ndarray:
+    ids = np.arange(math.prod(int(d) for d in dims.split(','))).reshape(
+        [int(d) for d in dims.split(',')])
+    return ids.transpose([int(p) for p in perm.split(',')]) if perm else ids
+
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\]"
+                   r"(?:T\(([\d,]+)\))?\))? \{([^}]*)\}", attributes)
+  if mesh:
+    axes = re.findall(r"'([\w]+)'=(\d+)", mesh.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    ids = (iota(mesh.group(2), mesh.group(3)) if mesh.group(2)
+           else np.arange(math.prod(sizes))).reshape(sizes)
+    grouped = [names.index(a) for a in re.findall(r"'([\w]+)'", mesh.group(4))]
+    ids = ids.transpose([i for i in range(len(names)) if i not in grouped] + grouped)
+    return ids.reshape(-1, math.prod(sizes[i] for i in grouped)).tolist()
+  listed_iota = re.search(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?',
+                          attributes)
+  if listed_iota:
+    groups, size, dims, perm = listed_iota.groups()
+    return iota(dims, perm).reshape(int(groups), int(size)).tolist()
+  listed = re.search(r'(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}',
+                     attributes)
+  groups = [[int(i) for i in g.split(',') if i]
+            for g in re.findall(r'\{([\d,]*)\}', listed.group(1))] if listed else []
+  return [g for g in groups if g] or [list(range(num_devices))]
+
+
+def _top_level(shapes: str) -> list[str]:
+  """The members of a tuple shape '(a, (b, c), d)' (a plain shape is its own one member)."""
+  if not shapes.startswith('('):
+    return [shapes]
+  members, depth, start = [], 0, 1
+  for i, c in enumerate(shapes):
+    depth += (c in '([{') - (c in ')]}')
+    if (c == ',' and depth == 1) or (c == ')' and depth == 0):
+      members.append(shapes[start:i])
+      start = i + 1
+  return members
+
+
+def collectives(hlo_text: str, chip: Chip | None = None, hosts: list[int] | None = None
+                ) -> dict[str, dict[str, Any]]:
+  """Count and result bytes of each collective that a step runs, from compiled HLO text (a loop
+  body's as often as its trip count), and, given the chip and each device's host (in the
+  mesh's device order, which the groups index), the seconds its bytes take on the links.
+
+  A device of a group of n sends 2(n-1)/n of an all-reduce's bytes, (n-1)/n of an all-gather's
+  or all-to-all's, n-1 times a reduce-scatter's share, a permute's whole: over the network
+  where the group spans hosts of GPUs, over NVLink or ICI otherwise; peak bandwidths, no
+  latency, collectives one after another (none overlapped with another or with compute).
+  """
+  found = {kind: {'count': 0, 'bytes': 0, 'seconds': 0.0, 'network_bytes': 0}
+           for kind in COLLECTIVES}
+  for _, shapes, opcode, attributes, times in hlo_instructions(hlo_text):
+    kind = opcode.removesuffix('-start')
+    if kind not in found:
+      continue
+    # An async start's shape is (operands, results[, context]): the results are the data; an
+    # all-reduce-start's is its results alone.
+    if opcode.endswith('-start') and kind != 'all-reduce':
+      shapes = _top_level(shapes)[1]
+    size = sum(_shape_bytes(shapes))
+    groups = _replica_groups(attributes, len(hosts) if hosts else 1)
+    found[kind]['count'] += times
+    found[kind]['bytes'] += times * size
+    if chip is None or hosts is None:
+      continue
+    n = len(groups[0])
+    over_network = chip.network_bytes_per_sec > 0 and any(
+        len({hosts[i] for i in group}) > 1 for group in groups)
+    sent = size * _SENT_PER_RESULT_BYTE[kind](n) if n > 1 or kind == 'collective-permute' else 0
+    found[kind]['seconds'] += times * sent / (chip.network_bytes_per_sec if over_network
+                                              else chip.link_bytes_per_sec)
+    found[kind]['network_bytes'] += times * size if over_network else 0
+  return found
+
+
+def collective_seconds(found: dict[str, dict[str, Any]]) -> float:
+  return sum(c['seconds'] for c in found.values())
 
 
 def bytes_per_device(abstract_tree) -> int:
@@ -138,9 +384,10 @@ def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _cost(compiled) -> dict[str, float]:
-  """XLA's cost analysis of a compiled step (one dict; some versions wrap it in a list)."""
+  """XLA's cost analysis of a compiled step (one dict; some versions wrap it in a list; none
+  for GPUs: {})."""
   cost = compiled.cost_analysis()
-  return cost[0] if isinstance(cost, list) else cost
+  return (cost[0] if isinstance(cost, list) else cost) or {}
 
 
 LAYER_FIELDS = ('num_layers', 'num_encoder_layers', 'num_decoder_layers')
@@ -199,9 +446,20 @@ def step_estimate(cost: dict[str, float], unrolled: dict[str, float] | None, mod
   return roofline, 'roofline, loop scaled' if looped else 'roofline', undercount
 
 
+def gpu_compute_estimate(hlo: str, model_flops: float, chip: Chip, num_devices: int
+                         ) -> tuple[float, str, dict[str, float]]:
+  """Seconds of a GPU step's compute, where they come from, and the counts: XLA gives no cost
+  analysis for GPUs, so the roofline of the models' analytic FLOPs and the HLO's bytes."""
+  counts = {'flops': model_flops / num_devices, 'bytes accessed': hlo_bytes(hlo)}
+  seconds = max(counts['flops'] / chip.bf16_flops,
+                counts['bytes accessed'] / chip.hbm_bytes_per_sec)
+  return seconds, "roofline of the models' FLOPs and the HLO's bytes", counts
+
+
 def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[str, Any]:
-  """Compiles the train step for the topology's chips and returns the report's figures;
-  `unroll_estimate` costs scanned layers one by one (unrolled_cost: two more compiles)."""
+  """Compiles the train step for the topology's devices and returns the report's figures;
+  `unroll_estimate` costs a TPU step's scanned layers one by one (unrolled_cost: two more
+  compiles)."""
   chip, devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh, devices)
   hosts = len({d.process_index for d in devices})
@@ -222,24 +480,39 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   temp = memory.temp_size_in_bytes
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            - memory.alias_size_in_bytes + temp + memory.generated_code_size_in_bytes)
-  if total > chip.hbm_bytes:
-    raise DoesNotFit(f'DOES NOT FIT: {_gib(total)} per chip of {_gib(chip.hbm_bytes)} HBM; '
-                     f'{fixes(config, mesh)}')
-  # Only a step that fits is worth the two more compiles of the unrolled estimate.
-  unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
-  cost = _cost(compiled)
-  model_cfg = trainer.checks.model_config(config, 'tpu')
+  usable = chip.hbm_bytes * chip.usable_fraction
+  if total > usable:
+    share = f' (JAX takes {chip.usable_fraction:.0%})' if chip.usable_fraction < 1 else ''
+    raise DoesNotFit(f'DOES NOT FIT: {_gib(total)} per {_device(chip)} of {_gib(usable)} HBM'
+                     f'{share}; {fixes(config, mesh)}')
+  model_cfg = trainer.checks.model_config(config, chip.platform)
   model_module = importlib.import_module(f'models.{config.model_name}')
   batch_size = config.train.batch_size
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
-  step_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip, mesh.size)
-  dp = sharding.data_parallel_size(mesh)
   hlo = compiled.as_text()
+  if chip.gpu:
+    compute_seconds, source, counts = gpu_compute_estimate(hlo, model_flops, chip, mesh.size)
+    undercount = 1.0
+  else:
+    # Only a step that fits is worth the two more compiles of the unrolled estimate.
+    unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
+    cost = _cost(compiled)
+    compute_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip,
+                                                        mesh.size)
+    counts = unrolled or cost
+  found = collectives(hlo, chip, [d.process_index for d in mesh.devices.flat])
+  comm_seconds = collective_seconds(found)
+  step_seconds = compute_seconds + comm_seconds
+  dp = sharding.data_parallel_size(mesh)
+  peak = mesh.size * chip.bf16_flops
   return {
-      'model': config.model_name, 'topology': topology,
+      'model': config.model_name, 'topology': topology, 'platform': chip.platform,
+      'device_kind': devices[0].device_kind,
       'devices': mesh.size, 'hosts': hosts, 'mesh': dict(mesh.shape),
       'dtype': model_cfg.dtype, 'attention': getattr(model_cfg, 'attention', 'xla'),
       'pallas_kernels': hlo.count('custom_call_target="tpu_custom_call"'),
+      'cudnn_attention_calls': hlo.count('custom_call_target="__cudnn$fmha'),
+      'compiler_options': steps.compiler_options(mesh) or {},
       'scan_layers': bool(config.model.get('scan_layers', False)),
       'remat': bool(config.model.get('remat', False)),
       'batch_size': batch_size, 'per_device_batch': batch_size // dp,
@@ -250,19 +523,27 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'temp_bytes': temp,
       'total_bytes': total,
       'hbm_bytes': chip.hbm_bytes,
+      'usable_hbm_bytes': usable,
       'replicated_params': replicated_params(state.params) if mesh.size > 1 else [],
       'step_seconds': step_seconds,
+      'compute_seconds': compute_seconds,
+      'collective_seconds': comm_seconds,
       'step_seconds_source': source,
-      'xla_optimal_seconds': float(cost.get('optimal_seconds', -1.0)),
-      'xla_flops_per_device': float((unrolled or cost).get('flops', 0.0)),
-      'xla_bytes_per_device': float((unrolled or cost).get('bytes accessed', 0.0)),
+      'xla_optimal_seconds': float(_cost(compiled).get('optimal_seconds', -1.0)),
+      'xla_flops_per_device': float(counts.get('flops', 0.0)),
+      'xla_bytes_per_device': float(counts.get('bytes accessed', 0.0)),
       'loop_undercount': round(undercount, 2),
       'model_flops_per_step': model_flops,
-      'mfu_bound': model_flops / (step_seconds * mesh.size * chip.bf16_flops),
-      'collectives': collectives(hlo),
+      'mfu_bound': model_flops / (step_seconds * peak),
+      'mfu_bound_overlapped': model_flops / (max(compute_seconds, comm_seconds) * peak),
+      'collectives': found,
       'compile_seconds': round(compile_seconds, 1),
       'examples_per_sec_per_host': batch_size / step_seconds / hosts,
   }
+
+
+def _device(chip: Chip) -> str:
+  return 'GPU' if chip.gpu else 'chip'
 
 
 def _first_line(error: Exception) -> str:
@@ -333,26 +614,41 @@ def _gib(n: float) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
+  unit = 'GPU' if report['platform'] == 'gpu' else 'chip'
+  kernels = {'flash': f"{report['pallas_kernels']} Pallas calls",
+             'cudnn': f"{report['cudnn_attention_calls']} cuDNN calls"}
+  attention = report['attention'] + (f" ({kernels[report['attention']]})"
+                                     if report['attention'] in kernels else '')
+  usable = ('' if report['usable_hbm_bytes'] == report['hbm_bytes'] else
+            f" (JAX takes {report['usable_hbm_bytes'] / report['hbm_bytes']:.0%})")
   rows = [
-      ('topology', f"{report['topology']}: {report['devices']} chips, {report['hosts']} hosts, "
-                   f"mesh {report['mesh']}"),
+      ('topology', f"{report['topology']}: {report['devices']} x {report['device_kind']}, "
+                   f"{report['hosts']} hosts, mesh {report['mesh']}"),
       ('batch', f"{report['batch_size']} ({report['per_device_batch']} per data shard) x "
-                f"{report['seq_len']} tokens, {report['dtype']}, attention {report['attention']}"),
-      ('params per chip', f"{_gib(report['param_bytes'])} of {_gib(report['param_bytes_unsharded'])}"),
-      ('memory per chip', f"state {_gib(report['state_bytes'])} + temporaries "
-                          f"{_gib(report['temp_bytes'])} -> {_gib(report['total_bytes'])} of "
-                          f"{_gib(report['hbm_bytes'])}: FITS"),
-      ('step (estimate)', f"{report['step_seconds'] * 1e3:.1f} ms ({report['step_seconds_source']}); "
-                          f"MFU bound {report['mfu_bound']:.2f}"),
+                f"{report['seq_len']} tokens, {report['dtype']}, attention {attention}"),
+      (f'params per {unit}', f"{_gib(report['param_bytes'])} of "
+                             f"{_gib(report['param_bytes_unsharded'])}"),
+      (f'memory per {unit}', f"state {_gib(report['state_bytes'])} + temporaries "
+                             f"{_gib(report['temp_bytes'])} -> {_gib(report['total_bytes'])} of "
+                             f"{_gib(report['usable_hbm_bytes'])}{usable}: FITS"),
+      ('step (estimate)', f"{report['step_seconds'] * 1e3:.1f} ms = compute "
+                          f"{report['compute_seconds'] * 1e3:.1f} ({report['step_seconds_source']})"
+                          f" + collectives {report['collective_seconds'] * 1e3:.1f}; MFU bound "
+                          f"{report['mfu_bound']:.2f} ({report['mfu_bound_overlapped']:.2f} if "
+                          'they overlapped)'),
       ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s"
                         + (f" (this host's pipeline: {report['input_examples_per_sec']:.0f})"
                            if 'input_examples_per_sec' in report else '')),
       ('compile', f"{report['compile_seconds']} s"),
   ]
-  rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}")
+  rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}, {c['seconds'] * 1e3:.1f} ms"
+                  + (f" ({_gib(c['network_bytes'])} across nodes)" if c['network_bytes'] else ''))
            for kind, c in report['collectives'].items() if c['count']]
   if report['replicated_params']:
     rows.append(('unsharded params', ', '.join(report['replicated_params'])))
+  if report['compiler_options']:
+    rows.append(('XLA options', ', '.join(f'{k}={v}' for k, v in
+                                         report['compiler_options'].items())))
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f'{name:<{width}}  {value}')
@@ -363,6 +659,9 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  # JAX itself runs on this CPU; the topologies' devices are compile-only (the CUDA plugin
+  # would otherwise look for a GPU to run on).
+  jax.config.update('jax_platforms', 'cpu')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('aot.py')
@@ -384,10 +683,11 @@ def main(argv):
 if __name__ == '__main__':
   os.environ.update(QUIET_LIBTPU)
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
-  flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e).')
+  flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e), '
+                      'or NVIDIA GPU nodes, GPU:NODESxGPUS or GPU:GPUS (a100, h100, h200).')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host.")
-  flags.DEFINE_bool('unroll_estimate', True, 'With scanned layers, two more compiles (depth 1 and '
-                    '2, unscanned) so that the step-time estimate counts every layer.')
+  flags.DEFINE_bool('unroll_estimate', True, 'On TPU with scanned layers, two more compiles (depth '
+                    '1 and 2, unscanned) so that the step-time estimate counts every layer.')
   flags.mark_flag_as_required('config')
   app.run(main, flags_parser=cli.parse_flags)

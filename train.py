@@ -33,6 +33,7 @@ from trainer import cli
 from trainer import host_memory
 from trainer import loop
 from trainer import sharding
+from trainer import steps
 
 
 def main(argv):
@@ -40,6 +41,8 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if flags.FLAGS.keep_freed_memory:
     host_memory.keep_freed_memory()  # before JAX's backend starts
+  # Read by JAX's GPU client when it starts; nothing on CPU or TPU.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(steps.GPU_MEMORY_FRACTION))
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   sharding.initialize_hosts(flags.FLAGS.multihost)

@@ -43,7 +43,8 @@ class Config:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   dtype: str = 'float32'
-  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
+  # 'xla'; 'flash' (the Pallas TPU kernel) or 'cudnn' (cuDNN's on NVIDIA GPUs); 'auto' picks
+  attention: str = 'xla'
   scan_layers: bool = False
   remat: bool = False
   num_labels: int = 0  # 0 = no fine-tuning head; classes, 1 = regression, 2 for 'span'
@@ -91,8 +92,10 @@ class Model(nn.Module):
         layers.PostLNBlock, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
         dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
         layer_norm_eps=cfg.layer_norm_eps, init_stddev=cfg.initializer_range, dtype=dtype)
-    mask_B11S = (layers.SegmentMask(batch['input_mask'], batch['input_mask'])
-                 if cfg.attention == 'flash' else layers.padding_mask(batch['input_mask']))
+    mask_B11S = (layers.SegmentMask(batch['input_mask'], batch['input_mask'],
+                                    kernel=cfg.attention, right_padded=True)
+                 if cfg.attention in layers.FUSED_KERNELS
+                 else layers.padding_mask(batch['input_mask']))
     hidden = layers.run_layers(
         block, cfg.num_layers, x_BLD, mask_B11S,
         deterministic=deterministic, scan=cfg.scan_layers, remat=cfg.remat)

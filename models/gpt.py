@@ -38,7 +38,8 @@ class Config:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-5
   dtype: str = 'float32'
-  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
+  # 'xla'; 'flash' (the Pallas TPU kernel) or 'cudnn' (cuDNN's on NVIDIA GPUs); 'auto' picks
+  attention: str = 'xla'
   scan_layers: bool = False
   remat: bool = False
   num_labels: int = 0  # 0 = no task head
@@ -80,9 +81,10 @@ class Model(nn.Module):
     if decode:
       valid_NL = segment_ids_NL > 0 if segment_ids_NL is not None else jnp.ones_like(ids_NL, bool)
       mask_N1LS, positions_NL = layers.DecodeMask(name='decode_mask')(valid_NL)
-    elif cfg.attention == 'flash':  # without segment ids, a row is one piece
+    elif cfg.attention in layers.FUSED_KERNELS:  # without segment ids, a row is one piece
       pieces_NL = segment_ids_NL if segment_ids_NL is not None else jnp.ones_like(ids_NL)
-      mask_N1LS = layers.SegmentMask(pieces_NL, pieces_NL, causal=True)
+      mask_N1LS = layers.SegmentMask(pieces_NL, pieces_NL, causal=True, kernel=cfg.attention,
+                                     right_padded=segment_ids_NL is None)
       positions_NL = jnp.arange(L)[None]
     elif segment_ids_NL is None:
       mask_N1LS, positions_NL = layers.causal_mask(L), jnp.arange(L)[None]

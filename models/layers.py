@@ -35,16 +35,18 @@ def check_heads(hidden_size: int, num_heads: int) -> None:
                      f'model.num_heads={num_heads}: pick a head count that divides it.')
 
 
-ATTENTION_KERNELS = ('auto', 'xla', 'flash')
+# 'flash': the Pallas TPU kernel; 'cudnn': cuDNN's fused (flash) attention on NVIDIA GPUs.
+FUSED_KERNELS = ('flash', 'cudnn')
+ATTENTION_KERNELS = ('auto', 'xla') + FUSED_KERNELS
 
 
 def check_attention(attention: str, attention_dropout_rate: float) -> None:
   """A model Config's check of its attention kernel (train.model_config resolves 'auto')."""
   if attention not in ATTENTION_KERNELS:
     raise ValueError(f'model.attention={attention!r}: use one of {ATTENTION_KERNELS}.')
-  if attention == 'flash' and attention_dropout_rate:
-    raise ValueError(f'model.attention=flash has no dropout on the attention probabilities but '
-                     f'model.attention_dropout_rate={attention_dropout_rate}: set it to 0 or '
+  if attention in FUSED_KERNELS and attention_dropout_rate:
+    raise ValueError(f'model.attention={attention} has no dropout on the attention probabilities '
+                     f'but model.attention_dropout_rate={attention_dropout_rate}: set it to 0 or '
                      'use model.attention=xla.')
 
 
@@ -200,18 +202,41 @@ def segment_causal_mask(segment_ids_BL: Array) -> Array:
 
 @flax.struct.dataclass
 class SegmentMask:
-  """Who attends to whom as segment ids, the form TPU flash attention takes instead of a dense
+  """Who attends to whom as segment ids, the form the fused kernels take instead of a dense
   mask: query i sees key j where their ids are equal (and, if causal, j <= i). Padding has id 0
   in both, so real queries never see it; padding queries see padding only (their outputs are
-  never read)."""
+  never read). `kernel` is the fused kernel that runs it (FUSED_KERNELS); `right_padded` says
+  every row's ids are 1s then 0s (BERT's input_mask, a GPT row without segments), which cuDNN
+  takes as lengths rather than as a dense mask."""
   q_BL: Array
   kv_BS: Array
   causal: bool = flax.struct.field(pytree_node=False, default=False)
+  kernel: str = flax.struct.field(pytree_node=False, default='flash')
+  right_padded: bool = flax.struct.field(pytree_node=False, default=False)
 
   def dense(self) -> Array:
     """The boolean (B, 1, L, S) mask of dot_product_attention (padding queries see nothing)."""
     mask_BLS = (self.q_BL[:, :, None] == self.kv_BS[:, None, :]) & (self.kv_BS > 0)[:, None, :]
     return mask_BLS[:, None] & causal_mask(self.q_BL.shape[1]) if self.causal else mask_BLS[:, None]
+
+
+def cudnn_arguments(mask: SegmentMask) -> dict[str, Any]:
+  """The mask of jax.nn.dot_product_attention's cuDNN path for `mask`: lengths and causality
+  where the rows are right-padded (cuDNN skips the masked tiles), else the dense mask (cuDNN
+  adds it as a bias) with causality. The same arguments give the same function on XLA's path."""
+  if mask.right_padded:
+    return {'query_seq_lengths': (mask.q_BL > 0).sum(-1, dtype=jnp.int32),
+            'key_value_seq_lengths': (mask.kv_BS > 0).sum(-1, dtype=jnp.int32),
+            'is_causal': mask.causal}
+  return {'mask': mask.dense(), 'is_causal': mask.causal}
+
+
+def fused_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask) -> Array:
+  """The fused kernel `mask.kernel` names; the same function as dot_product_attention."""
+  if mask.kernel == 'cudnn':  # XLA partitions the cuDNN call over the batch and heads itself
+    return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, **cudnn_arguments(mask),
+                                        implementation='cudnn')
+  return flash_attention(q_BLHK, k_BSHK, v_BSHK, mask)
 
 
 def flash_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask) -> Array:
@@ -243,7 +268,7 @@ class MultiHeadAttention(nn.Module):
   """Scaled dot-product multi-head attention (Vaswani et al. 2017, sec. 3.2).
 
   `mask` is boolean, broadcastable to (B, 1, L, S), or a SegmentMask, which
-  runs the TPU flash attention kernel (model.attention=flash). With `decode`, this is
+  runs a fused kernel (model.attention=flash on TPU, cudnn on GPU). With `decode`, this is
   self-attention over a key/value cache (collection 'cache', made by `init`
   with the full-length input; zeros, see decoding.init_cache): each call
   appends its L new keys/values at `cache_index` and attends over all S
@@ -273,7 +298,7 @@ class MultiHeadAttention(nn.Module):
     if self.decode:
       k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
     if isinstance(mask_B11S, SegmentMask):  # check_attention rules out attention dropout
-      out_BLHK = flash_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
+      out_BLHK = fused_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
     elif deterministic or self.dropout_rate == 0.0:
       out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B11S)
     else:

@@ -43,7 +43,8 @@ class Config:
   max_position_embeddings: int = 256  # the learned table's size; sinusoids take any length
   share_embeddings: bool = True  # source, target and pre-softmax matrices are one (sec. 3.4)
   dtype: str = 'float32'
-  attention: str = 'xla'  # 'xla', 'flash' (the Pallas TPU kernel), 'auto': flash on TPU where it can
+  # 'xla'; 'flash' (the Pallas TPU kernel) or 'cudnn' (cuDNN's on NVIDIA GPUs); 'auto' picks
+  attention: str = 'xla'
   scan_layers: bool = False
   remat: bool = False
 
@@ -151,8 +152,8 @@ class Model(nn.Module):
     self._check_length(ids_BS.shape[1], 'source')
     segments_BS = _segments(batch, 'source', ids_BS)
     positions_BS = _positions(batch, 'source', ids_BS)
-    if self.config.attention == 'flash':
-      mask_B1SS = layers.SegmentMask(segments_BS, segments_BS)
+    if self.config.attention in layers.FUSED_KERNELS:
+      mask_B1SS = layers.SegmentMask(segments_BS, segments_BS, kernel=self.config.attention)
     else:
       mask_B1SS = (segments_BS[:, :, None] == segments_BS[:, None, :])[:, None]
       mask_B1SS &= layers.padding_mask(segments_BS)
@@ -178,9 +179,11 @@ class Model(nn.Module):
       target_segments_BL = _segments(batch, 'target', ids_BL)
       positions_BL = _positions(batch, 'target', ids_BL)
       # Each target piece attends to its own source piece only.
-      if self.config.attention == 'flash':
-        self_mask = layers.SegmentMask(target_segments_BL, target_segments_BL, causal=True)
-        cross_mask = layers.SegmentMask(target_segments_BL, source_segments_BS)
+      if self.config.attention in layers.FUSED_KERNELS:
+        kernel = self.config.attention
+        self_mask = layers.SegmentMask(target_segments_BL, target_segments_BL, causal=True,
+                                       kernel=kernel)
+        cross_mask = layers.SegmentMask(target_segments_BL, source_segments_BS, kernel=kernel)
       else:
         self_mask = layers.segment_causal_mask(target_segments_BL)
         cross_mask = (target_segments_BL[:, :, None] == source_segments_BS[:, None, :])[:, None]

@@ -1,4 +1,7 @@
-"""The TPU path compiled on this CPU (aot.py): nothing runs on a TPU; libtpu describes the chips."""
+"""The accelerator paths compiled on this CPU (aot.py): nothing runs on a TPU or GPU; libtpu
+and jax's CUDA plugin describe the devices. More of the GPU path in test_aot_gpu.py."""
+
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +16,10 @@ import trainer.checks
 
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
+# Each platform's slice with a mesh of each kind: FSDP over all devices, or tensor parallel.
+SLICES = {'v4:2x2x1': MESHES,
+          'h100:8': {'data_fsdp': (('data', 1), ('fsdp', 8), ('tensor', 1)),
+                     'tensor': (('data', 4), ('fsdp', 1), ('tensor', 2))}}
 
 
 @pytest.fixture(autouse=True)
@@ -21,25 +28,36 @@ def quiet_libtpu(monkeypatch):
     monkeypatch.setenv(name, value)
 
 
-def _tiny(module, mesh):
+def _tiny(module, mesh, topology='v4:2x2x1'):
   config = module.get_config('tiny')
-  config.mesh = MESHES[mesh]
+  config.mesh = SLICES[topology][mesh]
   return config
 
 
+@pytest.mark.parametrize('topology', SLICES)
 @pytest.mark.parametrize('mesh', MESHES)
 @pytest.mark.parametrize('module', [bert_base, gpt], ids=['bert', 'gpt'])
-def test_tiny_train_steps_compile_for_v4(module, mesh):
-  report = aot.compile_step(_tiny(module, mesh), 'v4:2x2x1')
-  assert report['devices'] == 4 and report['dtype'] == 'bfloat16'  # dtype auto on a TPU
-  assert report['attention'] == 'xla' and report['pallas_kernels'] == 0  # attention dropout 0.1
-  assert 0 < report['total_bytes'] < report['hbm_bytes']
+def test_tiny_train_steps_compile(module, mesh, topology):
+  report = aot.compile_step(_tiny(module, mesh, topology), topology)
+  devices = dict(SLICES[topology][mesh])
+  assert report['devices'] == math.prod(devices.values()) and report['hosts'] == 1
+  assert report['platform'] == ('gpu' if topology.startswith('h100') else 'tpu')
+  assert report['dtype'] == 'bfloat16'  # dtype auto on an accelerator
+  assert report['attention'] == 'xla'  # attention dropout 0.1: neither fused kernel has it
+  assert report['pallas_kernels'] == report['cudnn_attention_calls'] == 0
+  assert report['compiler_options'] == (aot.steps.GPU_COMPILER_OPTIONS
+                                        if report['platform'] == 'gpu' else {})
+  assert 0 < report['total_bytes'] < report['usable_hbm_bytes'] <= report['hbm_bytes']
   assert report['step_seconds'] > 0 and 0 < report['mfu_bound'] <= 1
+  # The collectives' time over ICI or NVLink comes on top of the compute roofline.
+  assert report['collective_seconds'] > 0 and report['step_seconds'] == pytest.approx(
+      report['compute_seconds'] + report['collective_seconds'])
   counts = {kind: c['count'] for kind, c in report['collectives'].items()}
-  # The gradients of the batch-sharded step are summed across chips.
+  # The gradients of the batch-sharded step are summed across devices.
   assert counts['all-reduce'] + counts['reduce-scatter'] > 0
-  if mesh == 'data_fsdp':
-    assert report['param_bytes'] <= report['param_bytes_unsharded'] / 3
+  if mesh == 'data_fsdp':  # at most a quarter on each of 4 or 8 devices (norms and biases whole)
+    assert report['param_bytes'] <= report['param_bytes_unsharded'] / (3 if devices['fsdp'] == 4
+                                                                       else 4)
     assert counts['all-gather'] > 0  # FSDP weights gathered for the matmuls
   else:
     assert report['param_bytes'] < report['param_bytes_unsharded']
@@ -103,7 +121,7 @@ def test_collectives_are_counted_from_hlo_text():
       '  %cp = (bf16[8]{0}, bf16[8]{0}, u32[], u32[]) collective-permute-start(bf16[8] %d)',
       '  %fusion = f32[4]{0} fusion(f32[4] %e), calls=%all-gather-like-name',
   ])
-  found = aot.collectives(hlo)
+  found = {kind: {k: c[k] for k in ('count', 'bytes')} for kind, c in aot.collectives(hlo).items()}
   assert found['all-gather'] == {'count': 1, 'bytes': 128 * 512 * 2}
   assert found['all-reduce'] == {'count': 2, 'bytes': 16 * 4 + 16 * 4}
   assert found['collective-permute'] == {'count': 1, 'bytes': 16}
@@ -111,7 +129,7 @@ def test_collectives_are_counted_from_hlo_text():
 
 
 def test_an_unknown_topology_is_one_line():
-  with pytest.raises(ValueError, match='use GENERATION:GRID'):
+  with pytest.raises(ValueError, match='use GENERATION:GRID with a TPU generation'):
     aot.topology_devices('v9:2x2')
 
 

@@ -27,13 +27,37 @@ def model_config(config, platform: str | None = None) -> Any:
   platform = platform or jax.default_backend()
   if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
     fields['dtype'] = 'float32' if platform == 'cpu' else 'bfloat16'
-  if fields.get('attention') == 'auto':  # the kernel has no dropout on attention probabilities
-    fields['attention'] = ('flash' if platform == 'tpu' and not fields['attention_dropout_rate']
-                           else 'xla')
-  if fields.get('attention') == 'flash' and platform != 'tpu':
-    raise ValueError(f'model.attention=flash is a TPU kernel and this runs on {platform}: use '
-                     'model.attention=auto or xla.')
+  if fields.get('attention') == 'auto':
+    fields['attention'] = _auto_attention(fields, platform)
+  kernel = fields.get('attention')
+  if kernel in KERNEL_PLATFORMS and platform != KERNEL_PLATFORMS[kernel]:
+    raise ValueError(f'model.attention={kernel} is a {KERNEL_PLATFORMS[kernel].upper()} kernel '
+                     f'and this runs on {platform}: use model.attention=auto or xla.')
+  if kernel == 'cudnn' and fields['dtype'] not in CUDNN_DTYPES:
+    raise ValueError(f'model.attention=cudnn computes in {" or ".join(CUDNN_DTYPES)} and '
+                     f'model.dtype is {fields["dtype"]}: set model.dtype=auto or use '
+                     'model.attention=xla.')
   return module.Config(**fields)
+
+
+KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu'}
+CUDNN_DTYPES = ('bfloat16', 'float16')
+
+
+def _auto_attention(fields: dict[str, Any], platform: str) -> str:
+  """The fused kernel of the platform where it computes the same function, else XLA's.
+
+  Neither kernel has dropout on the attention probabilities (BERT's and GPT's 0.1 keep XLA's);
+  cuDNN takes 16-bit inputs and heads of at most 128 (A100; 256 from H100 on), multiples of 8.
+  """
+  if fields['attention_dropout_rate']:
+    return 'xla'
+  if platform == 'tpu':
+    return 'flash'
+  head_dim = fields['hidden_size'] // fields['num_heads']
+  if platform == 'gpu' and fields['dtype'] in CUDNN_DTYPES and head_dim <= 128 and not head_dim % 8:
+    return 'cudnn'
+  return 'xla'
 
 
 def validate(config, mesh, num_hosts: int | None = None) -> None:

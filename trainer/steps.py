@@ -10,6 +10,27 @@ import optax
 
 from trainer import sharding
 
+# XLA's options for a step compiled for NVIDIA GPUs: the passes its GPU optimization level O1
+# turns on, named one by one (openxla.org/xla/gpu_optimization_levels; JAX's GPU performance
+# tips): collectives scheduled to overlap compute, the data-parallel ones pipelined across
+# scanned layers, and a scan's loop unrolled twice so one layer's collectives overlap the next.
+GPU_COMPILER_OPTIONS = {
+    'xla_gpu_enable_latency_hiding_scheduler': True,
+    'xla_gpu_enable_pipelined_all_gather': True,
+    'xla_gpu_enable_pipelined_reduce_scatter': True,
+    'xla_gpu_enable_pipelined_all_reduce': True,
+    'xla_gpu_enable_while_loop_double_buffering': True,
+}
+# Of each GPU's memory, what JAX's allocator may take (its default, 0.75, leaves a quarter
+# unused; NVIDIA's JAX guide runs at 0.8-0.9). train.py sets it unless the user did; aot.py
+# tests a step's fit against it.
+GPU_MEMORY_FRACTION = 0.9
+
+
+def compiler_options(mesh) -> dict[str, Any] | None:
+  """XLA options for steps on the mesh's platform (GPU_COMPILER_OPTIONS on GPUs)."""
+  return dict(GPU_COMPILER_OPTIONS) if mesh.devices.flat[0].platform == 'gpu' else None
+
 
 def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callable:
   """One jitted step: (state, global batch) -> (state, metric pairs); state donated."""
@@ -57,7 +78,7 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
 
   return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                  out_shardings=(state_shardings, sharding.replicated(mesh)),
-                 donate_argnums=(0,))
+                 donate_argnums=(0,), compiler_options=compiler_options(mesh))
 
 
 def make_eval_step(model, loss_fn, config, mesh, state_shardings, predict=None) -> Callable:
@@ -71,7 +92,7 @@ def make_eval_step(model, loss_fn, config, mesh, state_shardings, predict=None) 
       return loss_fn(outputs, batch)[1], predict(outputs, batch) if predict else {}
 
   return jax.jit(eval_step, in_shardings=(state_shardings.params, sharding.batch_sharding(mesh)),
-                 out_shardings=sharding.replicated(mesh))
+                 out_shardings=sharding.replicated(mesh), compiler_options=compiler_options(mesh))
 
 
 def accumulate(totals: dict[str, np.ndarray], metrics: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -1,0 +1,249 @@
+"""The GPU path compiled on this CPU (aot.py; the train steps of both platforms in test_aot.py):
+jax's CUDA plugin describes the GPUs, nothing runs on one; the collective-time model; the cuDNN
+attention path checked against XLA's."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import aot
+from configs import bert_base
+from configs import gpt
+from configs import transformer_wmt
+from models import layers
+import trainer.checks
+
+
+@pytest.fixture(autouse=True)
+def quiet_libtpu(monkeypatch):  # test_hlo_bytes_agree_with_xla_cost_analysis compiles for a TPU
+  for name, value in aot.QUIET_LIBTPU.items():
+    monkeypatch.setenv(name, value)
+
+
+def test_attention_auto_takes_cudnn_in_the_compiled_bert_step():
+  config = bert_base.get_config('tiny')
+  config.mesh = (('data', 4), ('fsdp', 1), ('tensor', 2))  # cuDNN's call split over the heads too
+  config.model.attention_dropout_rate = 0.0  # cuDNN's attention has no dropout in jax's API
+  report = aot.compile_step(config, 'h100:8')
+  assert report['attention'] == 'cudnn'
+  assert report['cudnn_attention_calls'] >= 2 * config.model.num_layers  # forward and backward
+
+
+def test_auto_attention_per_platform_dtype_and_head_width():
+  config = bert_base.get_config('tiny')
+  config.model.attention_dropout_rate = 0.0
+  assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
+  assert trainer.checks.model_config(config, 'tpu').attention == 'flash'
+  assert trainer.checks.model_config(config, 'cpu').attention == 'xla'
+  config.model.dtype = 'float32'  # cuDNN's fused attention takes 16-bit inputs only
+  assert trainer.checks.model_config(config, 'gpu').attention == 'xla'
+  config.model.dtype = 'auto'
+  config.model.num_heads = 16  # head width 8 is fine; 128 / 32 = 4 is not a multiple of 8
+  assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
+  config.model.num_heads = 32
+  assert trainer.checks.model_config(config, 'gpu').attention == 'xla'
+  config.model.num_heads = 2
+  config.model.attention = 'cudnn'
+  with pytest.raises(ValueError, match='is a GPU kernel and this runs on tpu'):
+    trainer.checks.model_config(config, 'tpu')
+  config.model.dtype = 'float32'
+  with pytest.raises(ValueError, match='cudnn computes in bfloat16 or float16'):
+    trainer.checks.model_config(config, 'gpu')
+  config.model.dtype = 'auto'
+  config.model.attention_dropout_rate = 0.1
+  with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
+    trainer.checks.model_config(config, 'gpu')
+
+
+def test_a_step_too_large_for_the_gpu_is_one_line():
+  config = bert_base.get_config('tiny')
+  config.model.vocab_size = 40_000_000  # 19 GiB of embeddings, four times over with AdamW
+  config.train.batch_size = 8
+  with pytest.raises(aot.DoesNotFit, match=r'^DOES NOT FIT: .* per GPU of 71.20 GiB HBM '
+                     r'\(JAX takes 90%\); fix: more FSDP') as error:
+    aot.compile_step(config, 'h100:8')
+  assert '\n' not in str(error.value)
+
+
+def test_two_nodes_send_the_data_axis_over_the_network_and_fsdp_over_nvlink():
+  config = bert_base.get_config('tiny')
+  config.mesh = (('data', 2), ('fsdp', 8), ('tensor', 1))  # fsdp inside a node, data across
+  report = aot.compile_step(config, 'h100:2x8')
+  assert report['devices'] == 16 and report['hosts'] == 2
+  found = report['collectives']
+  assert found['all-reduce']['network_bytes'] > 0  # the gradients' sum across the nodes
+  assert found['reduce-scatter']['count'] > 0 and found['reduce-scatter']['network_bytes'] == 0
+
+
+@pytest.mark.parametrize('name,nodes,per_node', [('h100:8', 1, 8), ('a100:4x8', 4, 8),
+                                                 ('h200:2', 1, 2)])
+def test_gpu_topology_names(name, nodes, per_node):
+  chip, plugin_name, dims = aot.parse_topology(name)
+  assert chip.gpu and dims == (nodes, per_node) and plugin_name == f'1x{nodes}x{per_node}'
+
+
+def test_an_unknown_gpu_topology_is_one_line():
+  for name in ('h100:16', 'h100:4x9', 'v100:8'):
+    with pytest.raises(ValueError, match='GPU:NODESxGPUS'):
+      aot.parse_topology(name)
+
+
+def test_collective_seconds_of_a_hand_written_step():
+  # Two hosts of two devices; 100 GB/s inside a host, 10 GB/s between hosts.
+  chip = aot.Chip(hbm_bytes=1, bf16_flops=1.0, hbm_bytes_per_sec=1.0, link_bytes_per_sec=100e9,
+                  network_bytes_per_sec=10e9, gpu=aot.GPUS['h100'].gpu)
+  hosts = [0, 0, 1, 1]
+  hlo = '\n'.join([
+      'HloModule step',
+      '%body (p: (s32[], f32[100])) -> (s32[], f32[100]) {',
+      '  %p = (s32[], f32[100]{0}) parameter(0)',
+      '  %x = f32[100]{0} get-tuple-element(%p), index=1',
+      '  %ar.2 = f32[100]{0} all-reduce-start(%x), replica_groups={}, to_apply=%add',
+      '}',
+      'ENTRY %main (a: f32[1000]) -> f32[1000] {',
+      # in-host pairs: each sends 2 (n-1)/n = 1 times 4000 bytes over the links
+      '  %ar.1 = f32[1000]{0} all-reduce-start(f32[1000]{0} %a), '
+      'replica_groups={{0,1},{2,3}}, to_apply=%add',
+      # groups [[0,2],[1,3]] span the hosts: 1/2 of 40 result bytes over the network
+      '  %ag = (bf16[10]{0}, bf16[20]{0}) all-gather-start(bf16[10]{0} %b), '
+      'replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}',
+      # over mesh axis_0 of [[0,1],[2,3]]: groups [[0,2],[1,3]], n - 1 = 1 times 1000 bytes
+      "  %rs = f32[250]{0} reduce-scatter(f32[500]{0} %c), replica_groups=mesh['axis_0'=2,"
+      "'axis_1'=2] {'axis_0'}, dimensions={0}, to_apply=%add",
+      '  %cp = (f32[10]{0}, f32[10]{0}, u32[], u32[]) collective-permute-start(f32[10]{0} %d), '
+      'source_target_pairs={{0,1},{1,0}}',
+      # 3 trips of an all-reduce over all 4 devices: 2 (3/4) 400 bytes each, over the network
+      '  %w = (s32[], f32[100]{0}) while(%t), condition=%cond, body=%body, '
+      'backend_config={"known_trip_count":{"n":"3"}}',
+      '}',
+  ])
+  found = aot.collectives(hlo, chip, hosts)
+  assert found['all-reduce']['count'] == 1 + 3
+  assert found['all-reduce']['bytes'] == 4000 + 3 * 400
+  assert found['all-reduce']['seconds'] == pytest.approx(4000 / 100e9 + 3 * 600 / 10e9)
+  assert found['all-reduce']['network_bytes'] == 3 * 400
+  assert found['all-gather']['seconds'] == pytest.approx(20 / 10e9)
+  assert found['reduce-scatter']['seconds'] == pytest.approx(1000 / 10e9)
+  assert found['collective-permute']['seconds'] == pytest.approx(40 / 100e9)
+  assert aot.collective_seconds(found) == pytest.approx(
+      4000 / 100e9 + 1800 / 10e9 + 20 / 10e9 + 1000 / 10e9 + 40 / 100e9)
+  # A TPU slice is one ICI domain: every byte on the links, whatever the hosts.
+  tpu = dataclasses.replace(chip, network_bytes_per_sec=0.0, gpu=None)
+  assert aot.collective_seconds(aot.collectives(hlo, tpu, hosts)) == pytest.approx(
+      (4000 + 1800 + 20 + 1000 + 40) / 100e9)
+
+
+def test_hlo_bytes_agree_with_xla_cost_analysis():
+  # Where XLA counts (a TPU step), the HLO walk that stands in for it on GPUs agrees.
+  config = bert_base.get_config('tiny')
+  config.mesh = (('data', 2), ('fsdp', 2), ('tensor', 1))
+  chip, devices = aot.topology_devices('v4:2x2x1')
+  mesh = aot.sharding.make_mesh(config.mesh, devices)
+  _, _, state, train_step, _ = aot.trainer.state.build(config, mesh, materialize=False)
+  with jax.set_mesh(mesh):
+    compiled = train_step.lower(state, aot.abstract_batch(config, mesh)).compile()
+  xla_bytes = aot._cost(compiled)['bytes accessed']
+  assert 0.85 < aot.hlo_bytes(compiled.as_text()) / xla_bytes < 1.15
+
+
+def test_hlo_bytes_count_loop_bodies_by_their_trips():
+  hlo = '\n'.join([
+      '%cond (p: (s32[], f32[8])) -> pred[] {',
+      '  %n = s32[] constant(5)',
+      '  %lt = pred[] compare(%i, %n), direction=LT',
+      '}',
+      '%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {',
+      '  %x = f32[8]{0} get-tuple-element(%p), index=1',
+      '  %y = f32[8]{0} fusion(%x), kind=kLoop, calls=%f',  # reads 32, writes 32 bytes
+      '}',
+      'ENTRY %main (a: f32[8]) -> f32[8] {',
+      '  %a = f32[8]{0} parameter(0)',
+      '  %b = f32[16]{0} fusion(%a), kind=kLoop, calls=%g',  # reads 32, writes 64 bytes
+      '  %w = (s32[], f32[8]{0}) while(%t), condition=%cond, body=%body',  # 5 trips, from %cond
+      '}',
+  ])
+  assert aot.hlo_bytes(hlo) == 96 + 5 * 64
+
+
+def _inputs(B=2, L=8, S=8, H=2, K=8):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return (jax.random.normal(keys[0], (B, L, H, K)), jax.random.normal(keys[1], (B, S, H, K)),
+          jax.random.normal(keys[2], (B, S, H, K)))
+
+
+MASKS = {
+    'bert_padding': layers.SegmentMask(jnp.array([[1] * 5 + [0] * 3, [1] * 8]),
+                                       jnp.array([[1] * 5 + [0] * 3, [1] * 8]),
+                                       kernel='cudnn', right_padded=True),
+    'gpt_packed_causal': layers.SegmentMask(jnp.array([[1, 1, 1, 2, 2, 3, 0, 0]] * 2),
+                                            jnp.array([[1, 1, 1, 2, 2, 3, 0, 0]] * 2),
+                                            causal=True, kernel='cudnn'),
+    'gpt_unpacked_causal': layers.SegmentMask(jnp.ones((2, 8), jnp.int32),
+                                              jnp.ones((2, 8), jnp.int32), causal=True,
+                                              kernel='cudnn', right_padded=True),
+    'transformer_cross': layers.SegmentMask(jnp.array([[1, 1, 2, 2, 2, 0, 0, 0]] * 2),
+                                            jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]] * 2),
+                                            kernel='cudnn'),
+}
+
+
+@pytest.mark.parametrize('name', MASKS)
+def test_cudnn_arguments_give_the_xla_paths_attention(name):
+  mask = MASKS[name]
+  q, k, v = _inputs()
+  real = np.asarray(mask.q_BL > 0)  # padding queries' outputs are never read
+  expected = jax.nn.dot_product_attention(q, k, v, mask=mask.dense())
+  # The arguments the cuDNN call gets, run on XLA's implementation of the same API.
+  got = jax.nn.dot_product_attention(q, k, v, **layers.cudnn_arguments(mask),
+                                     implementation='xla')
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(expected)[real], atol=1e-5)
+  # A mask that let one real query see one more key would differ.
+  wrong = jax.nn.dot_product_attention(q, k, v, mask=mask.dense().at[:, :, 1, -1].set(True))
+  assert not np.allclose(np.asarray(wrong)[real], np.asarray(expected)[real], atol=1e-3)
+
+
+@pytest.fixture
+def cudnn_on_xla(monkeypatch):
+  """jax.nn.dot_product_attention with implementation='cudnn' runs XLA's implementation."""
+  original = jax.nn.dot_product_attention
+  calls = []
+
+  def attention(*args, implementation=None, **kwargs):
+    calls.append(implementation)
+    return original(*args, implementation='xla' if implementation == 'cudnn' else implementation,
+                    **kwargs)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', attention)
+  return calls
+
+
+@pytest.mark.parametrize('module,packed', [(bert_base, False), (gpt, True), (gpt, False),
+                                           (transformer_wmt, True)],
+                         ids=['bert_padded', 'gpt_packed', 'gpt_rows', 'transformer_packed'])
+def test_models_call_cudnn_with_the_xla_paths_masks(module, packed, cudnn_on_xla):
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  config = module.get_config('tiny')
+  config.model.attention_dropout_rate = 0.0
+  model_module = __import__(f'models.{config.model_name}', fromlist=['Model'])
+  xla_cfg = trainer.checks.model_config(config, 'cpu')
+  # BERT's example rows end in padding; GPT's and the Transformer's hold several pieces.
+  batch = dict(input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2))
+  if module is gpt and not packed:
+    batch.pop('segment_ids')  # rows of one document: causal alone
+  outputs = {}
+  for kernel in ('xla', 'cudnn'):
+    model = model_module.Model(dataclasses.replace(xla_cfg, attention=kernel))
+    params = model.init(jax.random.key(0), batch)['params']
+    outputs[kernel] = model.apply({'params': params}, batch)
+  assert 'cudnn' in cudnn_on_xla
+  real = np.asarray(batch.get('input_mask', np.ones((2, 1)))) > 0
+  leaves = jax.tree.leaves(outputs['xla'])
+  assert leaves
+  for got, expected in zip(jax.tree.leaves(outputs['cudnn']), leaves):
+    got, expected = np.asarray(got), np.asarray(expected)
+    if got.shape[:2] == real.shape:  # padding's outputs are never read, and differ
+      got, expected = got[real], expected[real]
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
