@@ -195,11 +195,9 @@ _NO_TRAFFIC = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast',
                'conditional', 'after-all', 'partition-id', 'replica-id', 'opt-barrier'}
 
 
-def hlo_instructions(hlo_text: str) -> list[tuple[str, str, str, str, int]]:
-  """(name, result shape, opcode, operands and attributes, times run) of the instructions that
-  run, from compiled HLO text: the entry computation's, and a loop body's as many times as its
-  trip count (XLA's known_trip_count, nested loops multiplied; once where unknown); fused
-  computations are not entered. Text without computations is one computation."""
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+  """The lines of each computation of HLO text, and the entry's name (text without
+  computations is one)."""
   computations: dict[str, list[str]] = {}
   entry, current = None, None
   for line in hlo_text.splitlines():
@@ -213,7 +211,16 @@ def hlo_instructions(hlo_text: str) -> list[tuple[str, str, str, str, int]]:
     elif current is not None:
       computations[current].append(line)
   if entry is None:
-    computations, entry = {'entry': hlo_text.splitlines()}, 'entry'
+    return {'entry': hlo_text.splitlines()}, 'entry'
+  return computations, entry
+
+
+def hlo_instructions(hlo_text: str) -> list[tuple[str, str, str, str, int]]:
+  """(name, result shape, opcode, operands and attributes, times run) of the instructions that
+  run, from compiled HLO text: the entry computation's, and a loop body's as many times as its
+  trip count (XLA's known_trip_count, nested loops multiplied; once where unknown); fused
+  computations are not entered."""
+  computations, entry = _computations(hlo_text)
   found = []
 
   def visit(name: str, times: int) -> None:
@@ -260,17 +267,65 @@ def _operands(arguments: str) -> list[str]:
   return re.findall(r'%([\w.-]+)', arguments)
 
 
+_SLICING = ('dynamic-slice', 'slice', 'gather')
+
+
+def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
+  """What a fused computation reads of each parameter it only slices (or updates in place), by
+  parameter number, and what it writes if its root updates slices in place (else None)."""
+  ops, numbers = [], {}
+  for line in lines:
+    match = _INSTRUCTION_RE.match(line)
+    if match:
+      name, shape, opcode, arguments = match.groups()
+      ops.append((name, sum(_shape_bytes(shape)), opcode, _operands(arguments)))
+      if opcode == 'parameter':
+        numbers[name] = int(re.match(r'\d+', arguments).group())
+  sizes = {name: size for name, size, *_ in ops}
+  reads = {}
+  for parameter, number in numbers.items():
+    uses = [(name, opcode, operands) for name, _, opcode, operands in ops if parameter in operands]
+    if uses and all(operands[0] == parameter and opcode in _SLICING + ('dynamic-update-slice',)
+                    for _, opcode, operands in uses):
+      reads[number] = sum(sizes[name] for name, opcode, _ in uses if opcode in _SLICING)
+  roots = [op for op, line in zip(ops, [l for l in lines if _INSTRUCTION_RE.match(l)])
+           if line.lstrip().startswith('ROOT')]
+  root = roots[0] if roots else None
+  members = ([op for op in ops if op[0] in root[3]] if root and root[2] == 'tuple' else
+             [root] if root else [])
+  if not any(opcode == 'dynamic-update-slice' for _, _, opcode, _ in members):
+    return reads, None
+  return reads, sum(sizes.get(operands[1], 0) if opcode == 'dynamic-update-slice' else size
+                    for _, size, opcode, operands in members)
+
+
 def hlo_bytes(hlo_text: str) -> float:
-  """HBM bytes a step moves, from compiled HLO: every op that runs reads its operands and
-  writes its result once (a fusion as one op, loop bodies times their trips), no cache reuse.
-  XLA's own count where it gives none (GPUs)."""
+  """HBM bytes a step moves, from compiled HLO: every op that runs (a fusion as one, loop
+  bodies times their trips) reads its operands and writes its result once, no cache reuse,
+  except what is sliced (only the slice is read) or updated in place (only the update is
+  written). XLA's own count where it gives none (GPUs)."""
+  computations, _ = _computations(hlo_text)
   instructions = hlo_instructions(hlo_text)
   sizes = {name: sum(_shape_bytes(shape)) for name, shape, *_ in instructions}
+  fusions: dict[str, tuple[dict[int, int], int | None]] = {}
   total = 0.0
   for name, _, opcode, arguments, times in instructions:
     if opcode in _NO_TRAFFIC or opcode.endswith('-done'):
       continue
-    total += times * (sizes[name] + sum(sizes.get(op, 0) for op in _operands(arguments)))
+    operands = [sizes.get(op, 0) for op in _operands(arguments)]
+    written = sizes[name]
+    if opcode in _SLICING:
+      operands[0] = written
+    elif opcode == 'dynamic-update-slice':
+      operands[0], written = 0, operands[1]
+    elif opcode == 'fusion':
+      called = re.search(r'calls=%?([\w.-]+)', arguments)
+      if called and called.group(1) not in fusions:
+        fusions[called.group(1)] = _fusion_traffic(computations.get(called.group(1), []))
+      reads, in_place = fusions[called.group(1)] if called else ({}, None)
+      operands = [reads.get(i, size) for i, size in enumerate(operands)]
+      written = written if in_place is None else in_place
+    total += times * (written + sum(operands))
   return total
 
 

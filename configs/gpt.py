@@ -43,7 +43,7 @@ def model_config(v: dict) -> ml_collections.ConfigDict:
   model.initializer_range = 0.02  # N(0, 0.02)
   model.layer_norm_eps = 1e-5
   model.dtype = 'auto'  # compute dtype: auto = float32 on CPU, bfloat16 on TPU/GPU
-  model.attention = 'auto'  # the TPU flash kernel on TPU when attention_dropout_rate=0
+  model.attention = 'auto'  # TPU flash or GPU cuDNN kernel when attention_dropout_rate=0
   model.scan_layers = False
   model.remat = False
   model.num_labels = 0  # no task head in pretraining

@@ -56,7 +56,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   model.max_position_embeddings = v['max_seq_length']
   model.share_embeddings = True
   model.dtype = 'auto'
-  model.attention = 'auto'  # the TPU flash kernel on TPU (no attention dropout in the paper)
+  model.attention = 'auto'  # TPU flash or GPU cuDNN kernel (no attention dropout in the paper)
   model.scan_layers = False
   model.remat = False
 

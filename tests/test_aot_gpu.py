@@ -168,6 +168,30 @@ def test_hlo_bytes_count_loop_bodies_by_their_trips():
   assert aot.hlo_bytes(hlo) == 96 + 5 * 64
 
 
+def test_hlo_bytes_count_what_is_sliced_or_updated_in_place():
+  # An LSTM's loop reads one time step of its inputs and writes one step of its outputs.
+  hlo = '\n'.join([
+      '%fused_step (param_0: f32[20,8], param_1: s32[], param_2: f32[20,8]) -> f32[20,8] {',
+      '  %param_0 = f32[20,8]{1,0} parameter(0)',
+      '  %param_1 = s32[] parameter(1)',
+      '  %param_2 = f32[20,8]{1,0} parameter(2)',
+      '  %ds = f32[1,8]{1,0} dynamic-slice(%param_0, %param_1, %zero), dynamic_slice_sizes={1,8}',
+      '  %h = f32[1,8]{1,0} tanh(%ds)',
+      '  ROOT %dus = f32[20,8]{1,0} dynamic-update-slice(%param_2, %h, %param_1, %zero)',
+      '}',
+      'ENTRY %main (x: f32[20,8], i: s32[], y: f32[20,8]) -> f32[20,8] {',
+      '  %x = f32[20,8]{1,0} parameter(0)',
+      '  %i = s32[] parameter(1)',
+      '  %y = f32[20,8]{1,0} parameter(2)',
+      '  %step = f32[20,8]{1,0} fusion(%x, %i, %y), kind=kLoop, calls=%fused_step',
+      '  %row = f32[1,8]{1,0} dynamic-slice(%x, %i, %i), dynamic_slice_sizes={1,8}',
+      '}',
+  ])
+  # The fusion reads 32 bytes of x, the index and none of y, and writes 32 bytes into y; the
+  # dynamic-slice reads and writes one row.
+  assert aot.hlo_bytes(hlo) == (32 + 4 + 0 + 32) + (32 + 4 + 4 + 32)
+
+
 def _inputs(B=2, L=8, S=8, H=2, K=8):
   keys = jax.random.split(jax.random.key(0), 3)
   return (jax.random.normal(keys[0], (B, L, H, K)), jax.random.normal(keys[1], (B, S, H, K)),
