@@ -628,7 +628,7 @@ def find_max_batch(config, topology: str) -> tuple[int, dict[str, Any]]:
   Memory grows about linearly in the batch: two compiles give the line, a third checks its
   prediction, and a bisection between the nearest fitting and failing sizes settles it.
   """
-  chip, devices = topology_devices(topology)
+  _, devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh, devices)
   dp = sharding.data_parallel_size(mesh)
   reports: dict[int, dict[str, Any] | None] = {}
@@ -653,7 +653,7 @@ def find_max_batch(config, topology: str) -> tuple[int, dict[str, Any]]:
   if fits(high):
     a, b = reports[low], reports[high]
     per_example = max((b['total_bytes'] - a['total_bytes']) / (high - low), 1.0)
-    guess = max(high, low + int((chip.hbm_bytes - a['total_bytes']) / per_example))
+    guess = max(high, low + int((a['usable_hbm_bytes'] - a['total_bytes']) / per_example))
     low, high = (guess, guess + 1) if fits(guess) else (high, guess)
     while fits(high):  # the line was pessimistic: double past it
       low, high = high, 2 * high

@@ -127,11 +127,28 @@ class Embed(nn.Module):
 
   def attend(self, x_BPD: Array) -> Array:
     """Scores against every row in float32 (tied output layer)."""
-    # Gathered over `embed` first, as FSDP does anyway: with the table sharded
-    # on both axes, XLA (jax 0.10.2) gets the gradient of the activations
-    # wrong on a data x fsdp x tensor mesh (tests/test_train.py catches it).
-    table_VD = nn.with_logical_constraint(self.embedding, (self.axes[0], None))
+    table_VD = self.embedding
+    if _split_both_ways(self.axes):
+      # Gathered over `embed` first: with the table sharded on both axes, XLA (jax 0.10.2)
+      # gets the gradient of the activations wrong on a data x fsdp x tensor mesh
+      # (tests/test_train.py catches it). Only then: the constraint also makes XLA sum the
+      # table's gradient whole over every device (an all-reduce across nodes) where it
+      # otherwise sums each device's FSDP shard over the data axis alone.
+      table_VD = nn.with_logical_constraint(table_VD, (self.axes[0], None))
     return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32), table_VD.astype(jnp.float32))
+
+
+def _split_both_ways(axes: Sequence[str | None]) -> bool:
+  """Whether the current mesh and logical axis rules split a 2-D parameter along both axes."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return False
+  ways = []
+  for mesh_axes in nn.logical_to_mesh_axes(tuple(axes)):
+    mesh_axes = (() if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str)
+                 else tuple(mesh_axes))
+    ways.append(math.prod(mesh.shape[a] for a in mesh_axes))
+  return all(w > 1 for w in ways)
 
 
 def gelu(x: Array, approximate: bool = False) -> Array:

@@ -144,7 +144,7 @@ def test_find_max_batch_finds_the_largest_fitting_batch(monkeypatch):
     total = (3 + 0.7 * per_device + (0.5 if per_device % 8 else 0)) * aot.GiB
     if total > 16 * aot.GiB:
       raise aot.DoesNotFit('DOES NOT FIT')
-    return {'total_bytes': total}
+    return {'total_bytes': total, 'usable_hbm_bytes': 16 * aot.GiB}
 
   monkeypatch.setattr(aot, 'compile_step', compile_step)
   config = bert_base.get_config('tiny')
