@@ -303,7 +303,7 @@ def hlo_bytes(hlo_text: str) -> float:
   """HBM bytes a step moves, from compiled HLO: every op that runs (a fusion as one, loop
   bodies times their trips) reads its operands and writes its result once, no cache reuse,
   except what is sliced (only the slice is read) or updated in place (only the update is
-  written). XLA's own count where it gives none (GPUs)."""
+  written). It stands in for XLA's count where XLA gives none (GPUs)."""
   computations, _ = _computations(hlo_text)
   instructions = hlo_instructions(hlo_text)
   sizes = {name: sum(_shape_bytes(shape)) for name, shape, *_ in instructions}
