@@ -94,11 +94,15 @@ class Chip:
   libtpu_name: str = ''  # TPUs: the generation as libtpu's topology names spell it
   megacore: bool = False  # TPUs: two TensorCores driven as one device
   gpu: GpuTarget | None = None
-  usable_fraction: float = 1.0  # of hbm_bytes, what a step may take (GPUs: JAX's allocator)
 
   @property
   def platform(self) -> str:
     return 'gpu' if self.gpu else 'tpu'
+
+  @property
+  def usable_fraction(self) -> float:
+    """Of hbm_bytes, what a step may take: on GPUs what train.py lets JAX's allocator take."""
+    return steps.GPU_MEMORY_FRACTION if self.gpu else 1.0
 
 
 CHIPS = {
@@ -115,14 +119,11 @@ _HOPPER = dict(compute_capability=(9, 0), sm_count=132, fp32_units_per_sm=128,
 # bidirectional figure), and DGX nodes' one InfiniBand NIC per GPU (A100 200, H100/H200 400 Gb/s).
 GPUS = {
     'a100': Chip(85_100_068_864, 312e12, 2039e9, 300e9, 25e9, gpu=GpuTarget(
-        'NVIDIA A100-SXM4-80GB', (8, 0), 108, 64, 164 * 1024, 163 * 1024, 40 * 2**20, 1.41),
-        usable_fraction=steps.GPU_MEMORY_FRACTION),
+        'NVIDIA A100-SXM4-80GB', (8, 0), 108, 64, 164 * 1024, 163 * 1024, 40 * 2**20, 1.41)),
     'h100': Chip(84_942_979_072, 989e12, 3350e9, 450e9, 50e9,
-                 gpu=GpuTarget('NVIDIA H100 80GB HBM3', **_HOPPER),
-                 usable_fraction=steps.GPU_MEMORY_FRACTION),
+                 gpu=GpuTarget('NVIDIA H100 80GB HBM3', **_HOPPER)),
     'h200': Chip(151_397_597_184, 989e12, 4800e9, 450e9, 50e9,
-                 gpu=GpuTarget('NVIDIA H200', **_HOPPER),
-                 usable_fraction=steps.GPU_MEMORY_FRACTION),
+                 gpu=GpuTarget('NVIDIA H200', **_HOPPER)),
 }
 GPUS_PER_NODE = 8  # an NVLink domain: an HGX/DGX board
 
@@ -220,7 +221,11 @@ def hlo_instructions(hlo_text: str) -> list[tuple[str, str, str, str, int]]:
   run, from compiled HLO text: the entry computation's, and a loop body's as many times as its
   trip count (XLA's known_trip_count, nested loops multiplied; once where unknown); fused
   computations are not entered."""
-  computations, entry = _computations(hlo_text)
+  return _instructions(*_computations(hlo_text))
+
+
+def _instructions(computations: dict[str, list[str]], entry: str
+                  ) -> list[tuple[str, str, str, str, int]]:
   found = []
 
   def visit(name: str, times: int) -> None:
@@ -273,7 +278,7 @@ _SLICING = ('dynamic-slice', 'slice', 'gather')
 def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
   """What a fused computation reads of each parameter it only slices (or updates in place), by
   parameter number, and what it writes if its root updates slices in place (else None)."""
-  ops, numbers = [], {}
+  ops, numbers, root = [], {}, None
   for line in lines:
     match = _INSTRUCTION_RE.match(line)
     if match:
@@ -281,6 +286,8 @@ def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
       ops.append((name, sum(_shape_bytes(shape)), opcode, _operands(arguments)))
       if opcode == 'parameter':
         numbers[name] = int(re.match(r'\d+', arguments).group())
+      if line.lstrip().startswith('ROOT'):
+        root = ops[-1]
   sizes = {name: size for name, size, *_ in ops}
   reads = {}
   for parameter, number in numbers.items():
@@ -288,9 +295,6 @@ def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
     if uses and all(operands[0] == parameter and opcode in _SLICING + ('dynamic-update-slice',)
                     for _, opcode, operands in uses):
       reads[number] = sum(sizes[name] for name, opcode, _ in uses if opcode in _SLICING)
-  roots = [op for op, line in zip(ops, [l for l in lines if _INSTRUCTION_RE.match(l)])
-           if line.lstrip().startswith('ROOT')]
-  root = roots[0] if roots else None
   members = ([op for op in ops if op[0] in root[3]] if root and root[2] == 'tuple' else
              [root] if root else [])
   if not any(opcode == 'dynamic-update-slice' for _, _, opcode, _ in members):
@@ -304,8 +308,8 @@ def hlo_bytes(hlo_text: str) -> float:
   bodies times their trips) reads its operands and writes its result once, no cache reuse,
   except what is sliced (only the slice is read) or updated in place (only the update is
   written). It stands in for XLA's count where XLA gives none (GPUs)."""
-  computations, _ = _computations(hlo_text)
-  instructions = hlo_instructions(hlo_text)
+  computations, entry = _computations(hlo_text)
+  instructions = _instructions(computations, entry)
   sizes = {name: sum(_shape_bytes(shape)) for name, shape, *_ in instructions}
   fusions: dict[str, tuple[dict[int, int], int | None]] = {}
   total = 0.0
@@ -396,11 +400,11 @@ def collectives(hlo_text: str, chip: Chip | None = None, hosts: list[int] | None
     if opcode.endswith('-start') and kind != 'all-reduce':
       shapes = _top_level(shapes)[1]
     size = sum(_shape_bytes(shapes))
-    groups = _replica_groups(attributes, len(hosts) if hosts else 1)
     found[kind]['count'] += times
     found[kind]['bytes'] += times * size
     if chip is None or hosts is None:
       continue
+    groups = _replica_groups(attributes, len(hosts))
     n = len(groups[0])
     over_network = chip.network_bytes_per_sec > 0 and any(
         len({hosts[i] for i in group}) > 1 for group in groups)
@@ -545,13 +549,13 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   batch_size = config.train.batch_size
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   hlo = compiled.as_text()
+  cost = _cost(compiled)
   if chip.gpu:
     compute_seconds, source, counts = gpu_compute_estimate(hlo, model_flops, chip, mesh.size)
     undercount = 1.0
   else:
     # Only a step that fits is worth the two more compiles of the unrolled estimate.
     unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
-    cost = _cost(compiled)
     compute_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip,
                                                         mesh.size)
     counts = unrolled or cost
@@ -584,7 +588,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'compute_seconds': compute_seconds,
       'collective_seconds': comm_seconds,
       'step_seconds_source': source,
-      'xla_optimal_seconds': float(_cost(compiled).get('optimal_seconds', -1.0)),
+      'xla_optimal_seconds': float(cost.get('optimal_seconds', -1.0)),
       'xla_flops_per_device': float(counts.get('flops', 0.0)),
       'xla_bytes_per_device': float(counts.get('bytes accessed', 0.0)),
       'loop_undercount': round(undercount, 2),

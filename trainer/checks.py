@@ -15,6 +15,10 @@ from trainer import sharding
 from trainer.optimizer import OPTIMIZERS, SCHEDULES
 
 
+KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu'}
+CUDNN_DTYPES = ('bfloat16', 'float16')
+
+
 def model_config(config, platform: str | None = None) -> Any:
   """The model's Config; dtype 'auto' resolves for `platform` (default: this process's backend)."""
   module = importlib.import_module(f'models.{config.model_name}')
@@ -38,10 +42,6 @@ def model_config(config, platform: str | None = None) -> Any:
                      f'model.dtype is {fields["dtype"]}: set model.dtype=auto or use '
                      'model.attention=xla.')
   return module.Config(**fields)
-
-
-KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu'}
-CUDNN_DTYPES = ('bfloat16', 'float16')
 
 
 def _auto_attention(fields: dict[str, Any], platform: str) -> str:
