@@ -696,7 +696,10 @@ def print_table(report: dict[str, Any]) -> None:
                           f"{report['mfu_bound']:.2f} ({report['mfu_bound_overlapped']:.2f} if "
                           'they overlapped)'),
       ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s"
-                        + (f" (this host's pipeline: {report['input_examples_per_sec']:.0f})"
+                        + (f"; measured here: {report['input_examples_per_sec']:.0f} with "
+                           f"{report['input_workers']} workers, "
+                           f"{report['input_examples_per_sec_per_worker']:.0f} per worker -> "
+                           f"{report['input_workers_needed']} workers per host for a 2x margin"
                            if 'input_examples_per_sec' in report else '')),
       ('compile', f"{report['compile_seconds']} s"),
   ]
@@ -734,7 +737,10 @@ def main(argv):
     raise SystemExit(f'aot.py: {e}')
   if FLAGS.input_rate:
     import bench  # pylint: disable=g-import-not-at-top (measures on this host's CPU)
-    report['input_examples_per_sec'] = bench.input_examples_per_sec(config)
+    # Per worker, with the config's workers (at least one) on this host's cores.
+    report.update(bench.input_rate(config, workers=max(1, config.data.get('workers', 0))))
+    report['input_workers_needed'] = math.ceil(
+        2 * report['examples_per_sec_per_host'] / report['input_examples_per_sec_per_worker'])
   print_table(report)
   print(json.dumps(report))
 
@@ -745,7 +751,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e), '
                       'or NVIDIA GPU nodes, GPU:NODESxGPUS or GPU:GPUS (a100, h100, h200).')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
-  flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host.")
+  flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host "
+                    '(data.workers processes, at least 1) and the workers a host needs.')
   flags.DEFINE_bool('unroll_estimate', True, 'On TPU with scanned layers, two more compiles (depth '
                     '1 and 2, unscanned) so that the step-time estimate counts every layer.')
   flags.mark_flag_as_required('config')

@@ -2,11 +2,14 @@
 
     python bench.py --config=configs/bert_base.py:base --config.train.batch_size=8
     python bench.py --config=configs/bert_base.py:mini --profile=/tmp/bert_profile
+    python bench.py --config=configs/bert_base.py:base --input_only --config.data.workers=2
 
 Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
 model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
 matmul peak (measured here, first), compile seconds, peak memory, page faults
-per step, and the input pipeline's examples/s on the configured source. On a
+per step, and the training input's examples/s on the configured source, made
+by data.workers processes as train.py makes it (--config.data.workers=N), in
+total and per worker; --input_only measures only that. On a
 CPU backend, glibc's malloc is first set to keep freed memory, as train.py
 does (trainer/host_memory.py; --nokeep_freed_memory measures without).
 
@@ -64,24 +67,34 @@ def peak_memory_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # CPU: process peak RSS
 
 
-def input_examples_per_sec(config, max_seconds: float = 30.0) -> float:
-  """Host-side pipeline speed on the configured source over whole chunks (reading,
-  tokenizing, packing or pairing and masking), without prefetching; at most `max_seconds`."""
+def input_rate(config, max_seconds: float = 30.0, workers: int | None = None) -> dict:
+  """The training input's examples/s as train.py reads it (this host's data shard, made by
+  `workers` processes; default data.workers for this host), from the first batch on (the
+  workers' start-up left out) for `max_seconds` or to the end of the first epoch: the total,
+  and per worker."""
   # A fine-tuning run reads the vocabulary of the run it starts from (the BCN has no other).
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
                                            saved_dir=config.get('init_from') or None)
-  data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tokenizer,
-                                    batch_size=config.train.batch_size, seed=0, prefetch=0)
-  examples, start = 0, time.perf_counter()
-  while True:
-    state = data.get_state()  # CVT's keeps the text stream's position as unlabeled_*
-    if state.get('chunk', state.get('unlabeled_chunk', 0)) >= 2 or state.get('epoch', 0):
-      break
+  if workers is None:
+    workers = input_pipeline.num_workers(config.data, jax.default_backend(),
+                                         jax.local_device_count())
+  data = input_pipeline.get_train_stream(config.data, tokenizer=tokenizer,
+                                         global_batch=config.train.batch_size, seed=0,
+                                         num_shards=1, workers=workers)
+  try:
     next(data)
-    examples += config.train.batch_size
-    if time.perf_counter() - start > max_seconds:
-      break
-  return examples / (time.perf_counter() - start)
+    examples, start = 0, time.perf_counter()
+    while time.perf_counter() - start < max_seconds:
+      next(data)
+      examples += config.train.batch_size
+      state = data.get_state()[0]  # CVT's keeps the text stream's position as unlabeled_*
+      if state.get('epoch', state.get('unlabeled_epoch', 0)):
+        break
+    total = examples / (time.perf_counter() - start)
+  finally:
+    data.close()
+  return {'input_workers': workers, 'input_examples_per_sec': round(total, 1),
+          'input_examples_per_sec_per_worker': round(total / max(workers, 1), 1)}
 
 
 # An HLO instruction: its name, then after the shape its opcode, e.g.
@@ -225,8 +238,8 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'page_faults_per_step': round(faults),  # minor: pages the kernel mapped (and zeroed)
       'malloc_keeps_freed_memory': keeps_freed_memory and host_memory.kept(),  # to the end
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
-      'input_examples_per_sec': (round(input_examples_per_sec(config, input_seconds), 1)
-                                 if input_seconds > 0 else None),
+      **(input_rate(config, input_seconds) if input_seconds > 0 else
+         {'input_examples_per_sec': None}),
       **({'profile_dir': profile_dir, 'top_ops': ops, 'matmul_share': matmuls,
           'top_jax_ops': grouped} if ops is not None else {}),
   }
@@ -247,10 +260,15 @@ def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: lis
 def main(argv):
   del argv
   # Before JAX's backend starts.
-  keeps_freed_memory = flags.FLAGS.keep_freed_memory and host_memory.keep_freed_memory()
+  # The input alone is measured as an accelerator host makes it, with glibc's defaults.
+  keeps_freed_memory = (flags.FLAGS.keep_freed_memory and not flags.FLAGS.input_only
+                        and host_memory.keep_freed_memory())
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
+  if flags.FLAGS.input_only:
+    print(json.dumps(input_rate(config, flags.FLAGS.input_seconds)))
+    return
   result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
                      flags.FLAGS.input_seconds, keeps_freed_memory)
   if 'top_ops' in result:
@@ -268,6 +286,7 @@ if __name__ == '__main__':
                       'HLO ops by time.')
   flags.DEFINE_float('input_seconds', 30.0, 'At most this long measuring the input pipeline; 0 '
                      'skips it (input_examples_per_sec is then null).')
+  flags.DEFINE_bool('input_only', False, 'Measure only the input pipeline (no step).')
   flags.DEFINE_bool('keep_freed_memory', True, 'On a CPU backend, set glibc\'s malloc to keep '
                     'freed memory as train.py does; --nokeep_freed_memory measures without.')
   app.run(main, flags_parser=cli.parse_flags)

@@ -28,6 +28,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from input_pipeline.common import workers
 from trainer import checkpoints
 from trainer import cli
 from trainer import host_memory
@@ -56,7 +57,7 @@ def main(argv):
     loop.train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'train.py: error: {e}')
-  except (FloatingPointError, checkpoints.WriteError) as e:
+  except (FloatingPointError, checkpoints.WriteError, workers.WorkersDied) as e:
     sys.exit(f'train.py: stopped: {e}')
 
 

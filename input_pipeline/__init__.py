@@ -7,25 +7,26 @@ in common/ (text sources, tokenizers, GloVe, the resumable iterators); the
 offline tasks and the task metrics are in tasks/. It exports
 `get_iterator(data_cfg, split, *, tokenizer, batch_size, seed, process_index,
 process_count)` and `example_batch(data_cfg, vocab_size, batch_size)`, a
-synthetic batch of the same feature spec.
+synthetic batch of the same feature spec. The training split's examples are
+made by data.workers processes (common/workers.py), the same batches with
+any number of them.
 
     data = input_pipeline.get_dataset(config.data, 'train', tokenizer=tok,
-                                      batch_size=host_batch, seed=config.seed)
+                                      batch_size=host_batch, seed=config.seed, workers=4)
     batch = next(data); state = data.get_state()  # saved with the checkpoint
+    data.close()  # stops the workers
 """
 
 import importlib
 import math
-import queue
-import threading
 from types import ModuleType
 from typing import Any, Iterator
-import weakref
 
 import ml_collections
 import numpy as np
 
 from input_pipeline.common import sources
+from input_pipeline.common import workers as workers_lib
 
 Batch = dict[str, np.ndarray]
 
@@ -52,6 +53,9 @@ SCORED = ('gpt_finetune', 'bert_finetune', 'squad')
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Rejects a config whose model or train fields cannot work with its pipeline, in one line."""
   module = _pipeline(config.data)
+  if config.data.get('workers', 0) < -1:
+    raise ValueError(f'config.data.workers={config.data.workers}: use 0 or more processes, or -1 '
+                     'for as many as the host suits.')
   if config.train.eval_steps == 0 and config.data.pipeline not in _EVAL_PASS:
     raise ValueError(f'train.eval_steps=0 (one eval pass) needs a pipeline with a fixed eval '
                      f'split ({", ".join(_EVAL_PASS)}): set train.eval_steps to a number of '
@@ -79,81 +83,6 @@ def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int, *,
   return _pipeline(data_cfg).example_batch(data_cfg, vocab_size, batch_size)
 
 
-def _produce(iterator: Any, out: queue.Queue, stopping: threading.Event) -> None:
-  """Puts (batch, state after it, error) on `out` until `stopping` is set or an error occurs."""
-  while not stopping.is_set():
-    try:
-      # Read right after its batch, so each pair is consistent.
-      item = (next(iterator), iterator.get_state(), None)
-    except Exception as error:  # re-raised by the consumer, in its own thread
-      item = (None, None, error)
-    # Polls, so that stopping is never stuck behind a full queue.
-    while not stopping.is_set():
-      try:
-        out.put(item, timeout=0.05)
-        break
-      except queue.Full:
-        pass
-    if item[2] is not None:
-      return
-
-
-class Prefetcher:
-  """Runs a resumable iterator `depth` batches ahead in a thread; get_state follows the consumer."""
-
-  def __init__(self, iterator: Any, depth: int = 2):
-    self._iterator, self._depth = iterator, depth
-    self._state = iterator.get_state()
-    self._thread = None
-
-  def __iter__(self) -> 'Prefetcher':
-    return self
-
-  def __next__(self) -> Batch:
-    if self._thread is None:  # started lazily: set_state right after construction builds nothing
-      self._start()
-    batch, state, error = self._queue.get()
-    if error is not None:
-      self.close()
-      raise error
-    self._state = state
-    return batch
-
-  @property
-  def steps_per_epoch(self) -> int | None:
-    """Batches in one pass of the split, for iterators that know it (fine-tuning eval sets)."""
-    return getattr(self._iterator, 'steps_per_epoch', None)
-
-  def score(self, predictions: dict[str, np.ndarray]) -> dict[str, float]:
-    """The wrapped eval iterator's metrics of one pass's predictions (SCORED pipelines)."""
-    return self._iterator.score(predictions)
-
-  def get_state(self) -> dict[str, int]:
-    """Position after the last batch returned by __next__ (the thread runs ahead of it)."""
-    return dict(self._state)
-
-  def set_state(self, state: dict[str, int]) -> None:
-    """Stops the thread and moves the wrapped iterator; the next batch restarts the thread."""
-    self.close()
-    self._iterator.set_state(state)
-    self._state = self._iterator.get_state()
-
-  def close(self) -> None:
-    if self._thread is not None:
-      self._stopping.set()
-      self._thread.join()
-      self._thread = None
-
-  def _start(self) -> None:
-    self._queue, self._stopping = queue.Queue(self._depth), threading.Event()
-    # The thread holds no reference to self, so a dropped Prefetcher (an eval
-    # iterator that is never closed) is collected and its thread stopped.
-    self._thread = threading.Thread(target=_produce, daemon=True,
-                                    args=(self._iterator, self._queue, self._stopping))
-    weakref.finalize(self, self._stopping.set)
-    self._thread.start()
-
-
 class ShardedStream:
   """This host's rows of global batches that `num_shards` data shards make together.
 
@@ -167,7 +96,7 @@ class ShardedStream:
   """
 
   def __init__(self, make_shard: Any, *, num_shards: int, global_batch: int,
-               process_index: int, process_count: int):
+               process_index: int, process_count: int, workers: int = 0):
     if global_batch % num_shards or global_batch % process_count:
       raise ValueError(f'train.batch_size={global_batch} must divide among the {num_shards} '
                        f'data shards this run started with and the {process_count} hosts: '
@@ -179,7 +108,10 @@ class ShardedStream:
       lo, hi = max(first, shard * per_shard), min(last, (shard + 1) * per_shard)
       if lo < hi:
         self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
-    self._shards = {shard: make_shard(shard, per_shard) for shard, _ in self._pieces}
+    # The host's workers divide among the shards it reads.
+    shard_workers = max(1, workers // len(self._pieces)) if workers else 0
+    self._shards = {shard: make_shard(shard, per_shard, shard_workers)
+                    for shard, _ in self._pieces}
     # One shard's whole batch (the same hosts as shards): passed on without a copy.
     self._whole = [rows for _, rows in self._pieces] == [slice(0, per_shard)]
 
@@ -189,6 +121,11 @@ class ShardedStream:
   def set_state(self, state: dict[int, dict[str, int]]) -> None:
     for shard, it in self._shards.items():
       it.set_state(state[shard])
+
+  def close(self) -> None:
+    """Stops every shard's workers (the next batch would start them again)."""
+    for it in self._shards.values():
+      it.close()
 
   def __iter__(self) -> 'ShardedStream':
     return self
@@ -202,26 +139,41 @@ class ShardedStream:
 
 def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
                      global_batch: int, seed: int, num_shards: int, process_index: int = 0,
-                     process_count: int = 1, prefetch: int = 2) -> Any:
-  """Endless training batches of this host's rows, from `num_shards` data shards (ShardedStream);
-  get_state/set_state carry every shard this host reads."""
+                     process_count: int = 1, workers: int = 0) -> ShardedStream:
+  """Endless training batches of this host's rows, from `num_shards` data shards (ShardedStream),
+  made by `workers` processes of this host; get_state/set_state carry every shard it reads."""
   module = _pipeline(data_cfg)
 
-  def make_shard(shard: int, batch_size: int) -> Any:
-    return module.get_iterator(data_cfg, 'train', tokenizer=tokenizer, batch_size=batch_size,
-                               seed=seed, process_index=shard, process_count=num_shards)
+  def make_shard(shard: int, batch_size: int, shard_workers: int) -> Any:
+    return module.get_iterator(with_workers(data_cfg, shard_workers), 'train',
+                               tokenizer=tokenizer, batch_size=batch_size, seed=seed,
+                               process_index=shard, process_count=num_shards)
 
-  stream = ShardedStream(make_shard, num_shards=num_shards, global_batch=global_batch,
-                         process_index=process_index, process_count=process_count)
-  return Prefetcher(stream, prefetch) if prefetch else stream
+  return ShardedStream(make_shard, num_shards=num_shards, global_batch=global_batch,
+                       process_index=process_index, process_count=process_count,
+                       workers=workers)
 
 
 def get_dataset(data_cfg: ml_collections.ConfigDict, split: str, *,
                 tokenizer: Any, batch_size: int, seed: int,
                 process_index: int = 0, process_count: int = 1,
-                prefetch: int = 2) -> Iterator[Batch]:
-  """Endless host-local batches of `batch_size` with get_state/set_state; prefetch=0 for none."""
-  iterator = _pipeline(data_cfg).get_iterator(
-      data_cfg, split, tokenizer=tokenizer, batch_size=batch_size, seed=seed,
-      process_index=process_index, process_count=process_count)
-  return Prefetcher(iterator, prefetch) if prefetch else iterator
+                workers: int = 0) -> Iterator[Batch]:
+  """Endless host-local batches of `batch_size` with get_state/set_state and close; the train
+  split's made by `workers` processes, the others' in a thread."""
+  return _pipeline(data_cfg).get_iterator(
+      with_workers(data_cfg, workers), split, tokenizer=tokenizer, batch_size=batch_size,
+      seed=seed, process_index=process_index, process_count=process_count)
+
+
+def num_workers(data_cfg: ml_collections.ConfigDict, platform: str, local_devices: int) -> int:
+  """data.workers, with -1 (auto) resolved for a host of `local_devices` devices of `platform`."""
+  workers = data_cfg.get('workers', 0)
+  return workers_lib.default_workers(platform, local_devices) if workers == -1 else workers
+
+
+def with_workers(data_cfg: ml_collections.ConfigDict, workers: int) -> ml_collections.ConfigDict:
+  """data_cfg with data.workers set to a number of processes (a config may say -1: auto)."""
+  data_cfg = data_cfg.copy_and_resolve_references()
+  with data_cfg.unlocked():
+    data_cfg.workers = workers
+  return data_cfg

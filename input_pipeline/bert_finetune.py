@@ -49,6 +49,7 @@ from input_pipeline import gpt_finetune
 from input_pipeline import tagging
 from input_pipeline.common import example_iterator
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.common import workers
 from input_pipeline.tasks import task_metrics
 
 Batch = dict[str, np.ndarray]
@@ -259,7 +260,7 @@ class FinetuneIterator(example_iterator.ExampleIterator):
                                    max_length=data_cfg.max_seq_length, pad_id=tokenizer.pad_id)
     super().__init__(len(self.examples), make_batch, split=split, batch_size=batch_size,
                      seed=seed, process_index=process_index, process_count=process_count,
-                     name=data_cfg.task)
+                     name=data_cfg.task, workers=workers.configured(data_cfg))
 
   def score(self, predictions: dict[str, np.ndarray]) -> dict[str, float]:
     return score(self.task, self.examples, predictions)

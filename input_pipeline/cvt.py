@@ -150,6 +150,10 @@ class TrainIterator:
     self._unlabeled.set_state({k[len('unlabeled_'):]: v for k, v in state.items()
                                if k.startswith('unlabeled_')})
 
+  def close(self) -> None:
+    for iterator in self._labeled + [self._unlabeled]:
+      iterator.close()
+
   def __iter__(self) -> 'TrainIterator':
     return self
 
@@ -175,6 +179,10 @@ class EvalIterator:
 
   def set_state(self, state: dict[str, int]) -> None:
     self._step = int(state['step'])
+
+  def close(self) -> None:
+    for iterator in self._iterators:
+      iterator.close()
 
   def __iter__(self) -> 'EvalIterator':
     return self

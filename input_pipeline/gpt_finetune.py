@@ -51,6 +51,7 @@ import numpy as np
 
 from input_pipeline.common import example_iterator
 from input_pipeline.common import sources
+from input_pipeline.common import workers
 from input_pipeline.tasks import offline_tasks
 from input_pipeline.tasks import task_metrics
 
@@ -397,7 +398,7 @@ class FinetuneIterator(example_iterator.ExampleIterator):
         len(examples),
         lambda indices, weights: batch_arrays(examples, indices, weights, max_length, pad_id),
         split=split, batch_size=batch_size, seed=seed, process_index=process_index,
-        process_count=process_count, name=data_cfg.task)
+        process_count=process_count, name=data_cfg.task, workers=workers.configured(data_cfg))
 
 
   def score(self, predictions: dict[str, np.ndarray]) -> dict[str, float]:

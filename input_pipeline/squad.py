@@ -90,6 +90,7 @@ import numpy as np
 from input_pipeline.common import example_iterator
 from input_pipeline.common import sources
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.common import workers
 from input_pipeline.tasks import offline_tasks
 
 Batch = dict[str, np.ndarray]
@@ -552,7 +553,7 @@ class SquadIterator(example_iterator.ExampleIterator):
         lambda indices, weights: batch_arrays(examples, indices, weights, max_length=max_length,
                                               **ids),
         split=split, batch_size=batch_size, seed=seed, process_index=process_index,
-        process_count=process_count, name=data_cfg.task)
+        process_count=process_count, name=data_cfg.task, workers=workers.configured(data_cfg))
 
   def predictions_text(self, predictions: dict[str, np.ndarray]) -> dict[str, str]:
     """Question id -> predicted answer ('' without a scored window), for predictions.json."""

@@ -47,6 +47,7 @@ import numpy as np
 from input_pipeline.common import example_iterator
 from input_pipeline.common import sources
 from input_pipeline.common import words as words_lib
+from input_pipeline.common import workers
 from input_pipeline.tasks import offline_tasks
 from input_pipeline.tasks import synthetic_tagging
 
@@ -367,7 +368,8 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
   make_batch = functools.partial(batch_arrays, examples, max_length=data_cfg.max_seq_length)
   return example_iterator.ExampleIterator(
       len(examples), make_batch, split=split, batch_size=batch_size, seed=seed,
-      process_index=process_index, process_count=process_count, name=data_cfg.task)
+      process_index=process_index, process_count=process_count, name=data_cfg.task,
+      workers=workers.configured(data_cfg))
 
 
 def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int,

@@ -38,6 +38,7 @@ import numpy as np
 from input_pipeline import gpt_finetune
 from input_pipeline.common import example_iterator
 from input_pipeline.common import words as words_lib
+from input_pipeline.common import workers
 
 Batch = dict[str, np.ndarray]
 KINDS = ('classification', 'entailment', 'similarity')
@@ -140,7 +141,7 @@ class WordClassificationIterator(example_iterator.ExampleIterator):
         len(examples),
         lambda indices, weights: batch_arrays(examples, indices, weights, max_length),
         split=split, batch_size=batch_size, seed=seed, process_index=process_index,
-        process_count=process_count, name=data_cfg.task)
+        process_count=process_count, name=data_cfg.task, workers=workers.configured(data_cfg))
 
 
 def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer, batch_size: int,

@@ -1,7 +1,6 @@
 """Tests of the BERT pretraining pipeline, Devlin et al. 2018 sec. 3.1 and appendix A.1."""
 
 import functools
-import gc
 import importlib.util
 import json
 import pathlib
@@ -366,20 +365,23 @@ def test_exact_resume_across_chunks_and_epochs():
     assert resumed.get_state() == states[k + 4]
 
 
-def test_exact_resume_through_the_prefetcher():
+def test_exact_resume_through_worker_processes():
+  """Chunks made by 2 grain workers, run ahead of the batches: the same batches and states as
+  in this process, and set_state moves a running stream back and forth."""
   cfg = data_config(docs_per_chunk=7, max_seq_length=32, max_predictions_per_seq=5)
   documents = make_documents(40, seed=2)
   batches, states = reference_run(cfg, documents, 30, batch_size=8)
-  prefetched = input_pipeline.Prefetcher(make_iterator(cfg, documents, batch_size=8), depth=2)
-  for k in range(12):  # the thread runs ahead; the state must follow the batches handed out
-    assert_batches_equal([batches[k]], [next(prefetched)])
-    assert prefetched.get_state() == states[k + 1]
-  for k in (20, 3, 14, 25):  # set_state moves a running prefetcher, back and forth
-    prefetched.set_state(states[k])
-    assert prefetched.get_state() == states[k]
-    assert_batches_equal(batches[k:k + 5], take(prefetched, 5))
-    assert prefetched.get_state() == states[k + 5]
-  prefetched.close()
+  cfg.workers = 2
+  parallel = make_iterator(cfg, documents, batch_size=8)
+  for k in range(12):
+    assert_batches_equal([batches[k]], [next(parallel)])
+    assert parallel.get_state() == states[k + 1]
+  for k in (20, 3, 14, 25):
+    parallel.set_state(states[k])
+    assert parallel.get_state() == states[k]
+    assert_batches_equal(batches[k:k + 5], take(parallel, 5))
+    assert parallel.get_state() == states[k + 5]
+  parallel.close()
 
 
 def test_hosts_get_different_batches():
@@ -436,12 +438,7 @@ def test_get_dataset_entry_point(monkeypatch):
   for _ in range(3):
     assert_batches_equal([next(plain)], [next(dataset)])
     assert dataset.get_state() == plain.get_state()
-  # A dropped prefetcher (train.py's eval iterators) stops its thread.
-  thread = dataset._thread
-  del dataset
-  gc.collect()
-  thread.join(timeout=5)
-  assert not thread.is_alive()
+  dataset.close()
   example = input_pipeline.example_batch(cfg, 300, batch_size=4)
   assert_valid_batch(example, 4, cfg.max_seq_length, cfg.max_predictions_per_seq)
   cfg.pipeline = 'bilm_typo'

@@ -26,7 +26,7 @@ def vocab(config):
 
 def _iterator(config, vocab, split='train', **kwargs):
   return input_pipeline.get_dataset(config.data, split, tokenizer=vocab, batch_size=4, seed=0,
-                                    prefetch=0, **kwargs)
+                                    **kwargs)
 
 
 def test_bio_to_bioes_on_hand_made_sentences():

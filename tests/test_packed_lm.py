@@ -261,7 +261,7 @@ def test_get_dataset_runs_the_pipeline_by_name(tmp_path):
   cfg = data_config(tmp_path, random_documents(20), max_seq_length=16, docs_per_chunk=7)
   cfg.pipeline = 'packed_lm'
   dataset = input_pipeline.get_dataset(cfg, 'train', tokenizer=FakeTokenizer(), batch_size=4,
-                                       seed=0, prefetch=0)
+                                       seed=0)
   plain = make_iterator(cfg, batch_size=4)
   for _ in range(5):
     want, got = next(plain), next(dataset)

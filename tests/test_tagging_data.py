@@ -123,8 +123,7 @@ def test_replacements_follow_the_unigram_distribution(tmp_path, embedded):
 
 def test_offline_batches_label_the_words(tmp_path, embedded, vocab):
   cfg = data_config(tmp_path, max_train_examples=40)
-  it = input_pipeline.get_dataset(cfg, 'train', tokenizer=vocab, batch_size=8, seed=0,
-                                  prefetch=0)
+  it = input_pipeline.get_dataset(cfg, 'train', tokenizer=vocab, batch_size=8, seed=0)
   sentences, tags = tagging.offline_sentences(cfg, 'train', 40)
   by_words = {tuple(vocab.ids(words)): t for words, t in zip(sentences, tags)}
   for _ in range(6):  # more than an epoch of 40

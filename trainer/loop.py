@@ -100,10 +100,12 @@ def setup(config, workdir: str, mesh) -> Run:
                      f'{tokenizer.vocab_size}.')
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
+  workers = input_pipeline.num_workers(config.data, jax.default_backend(),
+                                       jax.local_device_count())
   train_iter = input_pipeline.get_train_stream(
       config.data, tokenizer=tokenizer, global_batch=config.train.batch_size, seed=config.seed,
       num_shards=data_shards, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      process_count=jax.process_count(), workers=workers)
   eval_data, eval_start = evaluation.eval_batches(config, tokenizer)
 
   # Model and state, restored with the data position when the workdir has a checkpoint.
@@ -272,6 +274,8 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       progress.save(step, state)
       logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
   finally:
+    run.train_iter.close()  # stops the input workers
+    run.eval_data.close()
     checkpoints.wait(run.mngr)
     writer.close()
   return state

@@ -1,0 +1,102 @@
+"""A pipeline's units (chunks of examples, or batches) made ahead by grain worker processes.
+
+A resumable iterator here is a cursor that cuts batches from a sequence of
+units; `maker(u)` makes the u-th unit after the position the cursor was set
+to, a pure function of u. With W workers, grain's mp_prefetch gives unit u to
+worker u mod W and reads the workers back in turn, so the units arrive in the
+order one process makes them, whatever W is; the cursor's position (not a
+worker's) is what a checkpoint keeps, so a run resumes with any number of
+workers. W = 0 makes the units in a thread of this process.
+
+A worker that dies (killed, out of memory) is replaced: the stream starts
+again at the first unit it has not handed out. An error that a unit raises
+is re-raised here as it was.
+"""
+
+import os
+from typing import Any, Callable, Iterator
+
+from absl import flags
+from absl import logging
+import grain
+
+# Units each worker makes ahead of the consumer (a unit is a chunk of up to data.docs_per_chunk
+# documents' examples, or one batch).
+UNITS_AHEAD = 2
+# Restarts after a worker death without a unit handed out in between before the run stops.
+MAX_RESTARTS = 3
+# grain's words for a worker that exited without an error of its own.
+_WORKER_DIED = 'terminated unexpectedly'
+
+
+def default_workers(platform: str, local_devices: int) -> int:
+  """data.workers=-1: none on a CPU run (the step wants the cores), else up to 4 per local
+  accelerator, leaving two cores to the training process."""
+  if platform == 'cpu':
+    return 0
+  return max(1, min((os.cpu_count() or 1) - 2, 4 * local_devices))
+
+
+def configured(data_cfg: Any) -> int:
+  """data.workers of a pipeline built directly (a test, a program); -1 (auto, which
+  input_pipeline.num_workers resolves for a training host) makes the units in this process."""
+  return max(0, data_cfg.get('workers', 0))
+
+
+class WorkersDied(RuntimeError):
+  """The workers died MAX_RESTARTS + 1 times in a row."""
+
+
+class UnitStream:
+  """maker(0), maker(1), ... made ahead by `workers` processes (0: one thread here)."""
+
+  def __init__(self, maker: Callable[[int], Any], workers: int):
+    self._maker, self._workers = maker, workers
+    self._handed_out, self._restarts = 0, 0
+    self._iterator = None
+
+  def __iter__(self) -> 'UnitStream':
+    return self
+
+  def __next__(self) -> Any:
+    while True:
+      if self._iterator is None:
+        self._iterator = self._start(self._handed_out)
+      try:
+        unit = next(self._iterator)
+      except Exception as error:
+        self.close()  # an error ends the stream: no worker stays behind
+        if not isinstance(error, RuntimeError) or _WORKER_DIED not in str(error):
+          raise
+        if self._restarts >= MAX_RESTARTS:
+          raise WorkersDied(f'The data workers died {MAX_RESTARTS + 1} times in a row ({error}): '
+                            'find the cause above (memory?), lower config.data.workers (0: '
+                            'none), and run the same command to resume.') from None
+        self._restarts += 1
+        logging.warning('A data worker died (%s); starting the workers again at unit %d.',
+                        error, self._handed_out)
+        continue
+      self._handed_out += 1
+      self._restarts = 0
+      return unit
+
+  def close(self) -> None:
+    """Stops the workers (or the thread) and drops the units made ahead."""
+    if self._iterator is not None:
+      iterator, self._iterator = self._iterator, None
+      close = getattr(iterator, 'close', None)
+      if close is not None:
+        close()
+
+  def _start(self, first: int) -> Iterator[Any]:
+    # grain reads its settings from absl flags, unparsed in a notebook or under pytest.
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    units = grain.MapDataset.range(first, first + 2**62).map(self._maker)
+    if self._workers == 0:
+      return iter(units.to_iter_dataset(grain.ReadOptions(num_threads=1,
+                                                          prefetch_buffer_size=UNITS_AHEAD)))
+    # In a worker, units are made one after another (a unit's maker reads forward).
+    in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD)))

@@ -1,0 +1,187 @@
+"""The input made by grain worker processes: the same batches with any number of workers, after
+a resume with another number, after a worker is killed; no worker outlives its stream."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from configs import bert_base
+from configs import cvt as cvt_configs
+from configs import elmo
+from configs import gpt
+from configs import transformer_wmt
+import input_pipeline
+from input_pipeline.common import example_iterator
+from input_pipeline.common import workers
+
+# (config, the fields that make its chunks small, so that a few batches cross several chunks)
+TEXT_PIPELINES = {
+    'bert_pretraining': (bert_base.get_config, 'tiny', dict(docs_per_chunk=20)),
+    'packed_lm': (gpt.get_config, 'tiny', dict(docs_per_chunk=10)),
+    'bilm': (elmo.get_config, 'tiny', dict(docs_per_chunk=10)),
+    'translation': (transformer_wmt.get_config, 'tiny', dict(docs_per_chunk=200)),
+    'cvt': (cvt_configs.get_config, 'tiny', dict(docs_per_chunk=5, max_train_examples=50)),
+}
+BATCHES = 8
+
+
+def _batches(stream, count):
+  return [next(stream) for _ in range(count)]
+
+
+def _assert_equal(want, got):
+  assert len(want) == len(got)
+  for a, b in zip(want, got):
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _no_workers_left(timeout=10.0):
+  deadline = time.time() + timeout
+  while multiprocessing.active_children() and time.time() < deadline:
+    time.sleep(0.1)
+  return not multiprocessing.active_children()
+
+
+def _stream_maker(name, data_dir):
+  """stream(workers, state=None): the pipeline's training stream of 2 data shards on one host
+  (the host's workers divide among them)."""
+  get_config, arg, fields = TEXT_PIPELINES[name]
+  config = get_config(arg)
+  config.data.data_dir = data_dir
+  config.data.update(fields)
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+
+  def stream(workers_count, state=None):
+    train = input_pipeline.get_train_stream(config.data, tokenizer=tokenizer, global_batch=8,
+                                            seed=3, num_shards=2, workers=workers_count)
+    if state is not None:
+      train.set_state(state)
+    return train
+  return stream
+
+
+@pytest.fixture(scope='module', params=sorted(TEXT_PIPELINES))
+def pipeline(request, shared_data_dir):
+  stream = _stream_maker(request.param, shared_data_dir)
+  reference = stream(0)
+  batches, states = [], [reference.get_state()]
+  for _ in range(BATCHES):
+    batches.append(next(reference))
+    states.append(reference.get_state())
+  reference.close()
+  return stream, batches, states
+
+
+def test_same_batches_with_two_workers(pipeline):
+  """As in one process (one worker: the resume test below and the fine-tuning test)."""
+  stream, batches, states = pipeline
+  parallel = stream(2)
+  _assert_equal(batches, _batches(parallel, BATCHES))
+  assert parallel.get_state() == states[-1]
+  parallel.close()
+  assert _no_workers_left()
+
+
+def test_resume_with_another_number_of_workers(pipeline):
+  stream, batches, states = pipeline
+  half = BATCHES // 2
+  two = stream(2)
+  _assert_equal(batches[:half], _batches(two, half))
+  saved = two.get_state()
+  two.close()
+  assert saved == states[half]
+  for count in (1, 0):  # the position a 2-worker run saved, resumed with other counts
+    resumed = stream(count, saved)
+    _assert_equal(batches[half:], _batches(resumed, BATCHES - half))
+    resumed.close()
+
+
+def test_a_killed_worker_is_replaced_and_the_batches_stay_exact(shared_data_dir):
+  stream = _stream_maker('bert_pretraining', shared_data_dir)
+  reference = stream(0)
+  batches = _batches(reference, 30)  # enough to need units the killed worker was to make
+  reference.close()
+  parallel = stream(2)
+  got = _batches(parallel, 2)
+  victim = multiprocessing.active_children()[0]
+  os.kill(victim.pid, signal.SIGKILL)
+  got += _batches(parallel, 28)
+  _assert_equal(batches, got)
+  assert victim.pid not in [p.pid for p in multiprocessing.active_children()]  # replaced
+  parallel.close()
+  assert _no_workers_left()
+
+
+def _batch_of(indices, weights):
+  return {'indices': indices, 'weights': weights, 'squares': indices.astype(np.int64) ** 2}
+
+
+@pytest.mark.parametrize('count', [1, 2])
+def test_fine_tuning_batches_through_epochs_with_workers(count):
+  """ExampleIterator (every fine-tuning pipeline): 13 examples, batches of 5, several epochs."""
+  def make(workers_count, state=None):
+    iterator = example_iterator.ExampleIterator(13, _batch_of, split='train', batch_size=5,
+                                                seed=1, workers=workers_count)
+    if state is not None:
+      iterator.set_state(state)
+    return iterator
+
+  reference = make(0)
+  batches, states = [], []
+  for _ in range(9):
+    batches.append(next(reference))
+    states.append(reference.get_state())
+  reference.close()
+  assert {s['epoch'] for s in states} == {0, 1, 2, 3}
+  epoch_0 = np.concatenate([b['indices'] for b in batches])[:13]
+  assert sorted(epoch_0) == list(range(13))  # each example once an epoch
+  parallel = make(count)
+  _assert_equal(batches, _batches(parallel, 9))
+  parallel.close()
+  resumed = make(2 - count + 1, states[3])  # another number of workers
+  _assert_equal(batches[4:], _batches(resumed, 5))
+  resumed.close()
+  assert _no_workers_left()
+
+
+class _Raises:
+  def __call__(self, u):
+    if u == 3:
+      raise ValueError('unit 3 is bad')
+    return np.full(2, u)
+
+
+class _Dies:
+  def __call__(self, u):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_errors_reach_the_consumer_and_no_worker_is_left():
+  units = workers.UnitStream(_Raises(), 2)
+  assert [int(next(units)[0]) for _ in range(3)] == [0, 1, 2]
+  with pytest.raises(ValueError, match='unit 3 is bad'):
+    next(units)
+  assert _no_workers_left()
+  dying = workers.UnitStream(_Dies(), 1)
+  with pytest.raises(workers.WorkersDied, match='died 4 times in a row.*config.data.workers'):
+    next(dying)
+  assert _no_workers_left()
+
+
+def test_auto_workers():
+  assert workers.default_workers('cpu', 8) == 0
+  assert 1 <= workers.default_workers('tpu', 4) <= 16
+  config = bert_base.get_config('tiny')
+  assert config.data.workers == -1
+  assert input_pipeline.num_workers(config.data, 'cpu', 8) == 0
+  config.data.workers = 3
+  assert input_pipeline.num_workers(config.data, 'gpu', 8) == 3
+  config.data.workers = -2
+  with pytest.raises(ValueError, match='data.workers=-2'):
+    input_pipeline.check_config(config)
