@@ -314,6 +314,40 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_bitwise_equal(
   assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
 
 
+def input_workers(pid):
+  """The grain worker processes of train.py `pid` (multiprocessing's spawned children, not its
+  resource tracker)."""
+  found = []
+  for task in os.listdir(f'/proc/{pid}/task'):
+    with open(f'/proc/{pid}/task/{task}/children', encoding='ascii') as f:
+      for child in f.read().split():
+        with open(f'/proc/{child}/cmdline', 'rb') as cmdline:
+          if b'--multiprocessing-fork' in cmdline.read():
+            found.append(int(child))
+  return found
+
+
+@pytest.mark.slow
+def test_a_killed_input_worker_is_replaced_and_the_run_finishes_bitwise_equal(
+    tmp_path, shared_data_dir):
+  small_chunks = ['--config.data.docs_per_chunk=20']  # many units, so the kill is felt
+  straight = tmp_path / 'straight'
+  subprocess.run(command(straight, shared_data_dir) + small_chunks, cwd=ROOT, env=ENV,
+                 check=True, capture_output=True)
+  run, log = tmp_path / 'run', tmp_path / 'log.txt'
+  with open(log, 'w') as out:
+    proc = subprocess.Popen(command(run, shared_data_dir) + small_chunks +
+                            ['--config.data.workers=2'], cwd=ROOT, env=ENV, stdout=out,
+                            stderr=subprocess.STDOUT)
+  wait_for(lambda: 'First step' in open(log).read(), proc, log)
+  workers = input_workers(proc.pid)
+  assert len(workers) == 2, workers
+  os.kill(workers[0], signal.SIGKILL)
+  assert proc.wait(timeout=300) == 0, open(log).read()[-3000:]
+  assert 'A data worker died' in open(log).read()
+  assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
+
+
 @pytest.mark.slow
 def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir):
   """The workdir on a 16 MiB tmpfs (a user namespace mounts it): step 4's checkpoint fits,

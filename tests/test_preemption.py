@@ -37,31 +37,39 @@ def alive(pid):
     return False
 
 
-@pytest.mark.slow
-def test_sigterm_checkpoints_and_resumes(tmp_path):
-  """With 2 input workers: SIGTERM saves, exits 0 and leaves no worker; the resumed run (one
-  worker) starts from the saved step."""
+def signal_a_running_run(tmp_path, sig, metric_lines):
+  """Starts train.py with 2 input workers, sends `sig` once metrics.jsonl has `metric_lines`
+  lines; returns the process (ended) and its stderr, after checking no worker outlived it."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   proc = subprocess.Popen(command(tmp_path, workers=2), cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = tmp_path / 'run' / 'metrics.jsonl'
   deadline = time.time() + 240
-  while not (metrics.exists() and metrics.read_text().count('\n') >= 2):
+  while not (metrics.exists() and metrics.read_text().count('\n') >= metric_lines):
     assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
     time.sleep(0.5)
   workers = children(proc.pid)
   assert len(workers) >= 2, workers  # grain's workers (and multiprocessing's resource tracker)
-  proc.send_signal(signal.SIGTERM)
-  stdout, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 0, stderr[-3000:]
-  assert 'SIGTERM' in stderr
+  proc.send_signal(sig)
+  _, stderr = proc.communicate(timeout=120)
   deadline = time.time() + 10
   while any(alive(pid) for pid in workers) and time.time() < deadline:
     time.sleep(0.2)
   assert not any(alive(pid) for pid in workers)
+  return proc, stderr
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resumes(tmp_path):
+  """With 2 input workers: SIGTERM saves, exits 0 and leaves no worker; the resumed run (one
+  worker) starts from the saved step."""
+  proc, stderr = signal_a_running_run(tmp_path, signal.SIGTERM, 2)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert 'SIGTERM' in stderr
   saved = [int(s) for s in os.listdir(tmp_path / 'run' / 'checkpoints') if s.isdigit()]
   assert len(saved) == 1 and saved[0] >= 10, saved
 
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
   proc = subprocess.Popen(command(tmp_path, workers=1), cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   line = ''
@@ -71,3 +79,8 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
   proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
   assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_input_worker(tmp_path):
+  signal_a_running_run(tmp_path, signal.SIGINT, 1)

@@ -99,4 +99,12 @@ class UnitStream:
     # In a worker, units are made one after another (a unit's maker reads forward).
     in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD)))
+        num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD),
+        worker_init_fn=_one_core))
+
+
+def _one_core(worker_index: int, worker_count: int) -> None:
+  """A worker's tokenizers stay on one core: the workers are the parallelism (HF tokenizers
+  would otherwise start a thread per core in every worker)."""
+  del worker_index, worker_count
+  os.environ['TOKENIZERS_PARALLELISM'] = 'false'
