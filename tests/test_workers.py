@@ -1,9 +1,12 @@
 """The input made by grain worker processes: the same batches with any number of workers, after
 a resume with another number, after a worker is killed; no worker outlives its stream."""
 
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -185,3 +188,17 @@ def test_auto_workers():
   config.data.workers = -2
   with pytest.raises(ValueError, match='data.workers=-2'):
     input_pipeline.check_config(config)
+
+
+@pytest.mark.slow
+def test_the_tfdata_peer_makes_the_same_units(shared_data_dir):
+  """peers/input_tfdata.py (the README's grain-or-tf.data comparison) runs and prints its rate."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+      [sys.executable, 'peers/input_tfdata.py', '--config=configs/bert_base.py:tiny',
+       f'--config.data.data_dir={shared_data_dir}', '--calls=2', '--seconds=1'],
+      cwd=root, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TOKENIZERS_PARALLELISM='false'))
+  assert done.returncode == 0, done.stderr[-2000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result['tfdata_parallel_calls'] == 2 and result['input_examples_per_sec'] > 0

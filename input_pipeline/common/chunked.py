@@ -119,6 +119,12 @@ class ChunkedIterator:
     # A resumed pass had examples before the checkpoint.
     self._pass_has_examples = self._chunk > 0 or self._offset > 0
 
+  def maker(self) -> ChunkMaker:
+    """What makes the chunks from the current (epoch, chunk) on: maker(u) is the u-th."""
+    return ChunkMaker(self._cfg, self._split, self._build, self._documents_fn, seed=self._seed,
+                      epoch=self._epoch, chunk=self._chunk, process_index=self._process_index,
+                      process_count=self._process_count)
+
   def close(self) -> None:
     """Stops the workers and frees the chunk (shared memory); the next batch makes it again."""
     self._examples = None
@@ -148,10 +154,7 @@ class ChunkedIterator:
   def _next_chunk(self) -> None:
     """The next chunk's examples from the workers; a new pass of the documents must give some."""
     if self._units is None:
-      maker = ChunkMaker(self._cfg, self._split, self._build, self._documents_fn,
-                         seed=self._seed, epoch=self._epoch, chunk=self._chunk,
-                         process_index=self._process_index, process_count=self._process_count)
-      self._units = workers.UnitStream(maker, self._workers)
+      self._units = workers.UnitStream(self.maker(), self._workers)
       first = True
     else:
       first = False
