@@ -69,7 +69,10 @@ def _stream_maker(name, data_dir):
   return stream
 
 
-@pytest.fixture(scope='module', params=sorted(TEXT_PIPELINES))
+# BERT's in the fast tier, every pipeline in the slow tier (a worker's start-up is ~1.5 s).
+@pytest.fixture(scope='module', params=[
+    name if name == 'bert_pretraining' else pytest.param(name, marks=pytest.mark.slow)
+    for name in sorted(TEXT_PIPELINES)])
 def pipeline(request, shared_data_dir):
   stream = _stream_maker(request.param, shared_data_dir)
   reference = stream(0)
