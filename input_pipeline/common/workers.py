@@ -93,9 +93,9 @@ class UnitStream:
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
     units = grain.MapDataset.range(first, first + 2**62).map(self._maker)
-    if self._workers == 0:
+    if self._workers == 0:  # one unit ahead: an eval or a test that stops early wastes little
       return iter(units.to_iter_dataset(grain.ReadOptions(num_threads=1,
-                                                          prefetch_buffer_size=UNITS_AHEAD)))
+                                                          prefetch_buffer_size=1)))
     # In a worker, units are made one after another (a unit's maker reads forward).
     in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
