@@ -7,7 +7,8 @@ def set_mesh_and_rules(config: ml_collections.ConfigDict) -> None:
   """The device mesh, the logical-axis rules and the host's input workers of every model."""
   # Processes per host that make the training input (input_pipeline/common/workers.py); any
   # number gives the same batches. -1: none on a CPU run, else up to 4 per local accelerator.
-  config.data.workers = -1
+  if 'data' in config:  # a step-only config (tests) has none
+    config.data.workers = -1
   # Mesh axis sizes; -1 takes the remaining devices.
   config.mesh = (('data', -1), ('fsdp', 1), ('tensor', 1))
   # Logical axis -> mesh axes. Parameters shard over fsdp (embed) and tensor

@@ -108,6 +108,7 @@ def test_resume_with_another_number_of_workers(pipeline):
     resumed.close()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_the_batches_stay_exact(shared_data_dir):
   stream = _stream_maker('bert_pretraining', shared_data_dir)
   reference = stream(0)
@@ -128,7 +129,7 @@ def _batch_of(indices, weights):
   return {'indices': indices, 'weights': weights, 'squares': indices.astype(np.int64) ** 2}
 
 
-@pytest.mark.parametrize('count', [1, 2])
+@pytest.mark.parametrize('count', [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_fine_tuning_batches_through_epochs_with_workers(count):
   """ExampleIterator (every fine-tuning pipeline): 13 examples, batches of 5, several epochs."""
   def make(workers_count, state=None):
