@@ -19,6 +19,11 @@ from input_pipeline.common import workers
 MakeBatchFn = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
+def eval_steps(num_examples: int, process_count: int, batch_size: int) -> int:
+  """Batches of one eval pass: every host takes its stride of the examples, the last padded."""
+  return math.ceil(math.ceil(num_examples / process_count) / batch_size)
+
+
 class BatchMaker:
   """The u-th batch after the position (epoch, offset): a unit of workers.UnitStream.
 
@@ -35,8 +40,7 @@ class BatchMaker:
     self._order_epoch, self._order = None, None
     if is_eval:
       self.host_indices = np.arange(process_index, num_examples, process_count)
-      per_host = math.ceil(num_examples / process_count)
-      self.steps_per_epoch = math.ceil(per_host / batch_size)
+      self.steps_per_epoch = eval_steps(num_examples, process_count, batch_size)
       self._first_step = offset // batch_size % self.steps_per_epoch
     else:
       # The last N mod P are left out of each epoch, so every host has as many.
@@ -104,8 +108,7 @@ class ExampleIterator:
     self._workers = 0 if self._is_eval else workers
     logging.info('Task %s, split %s: %d examples.', name, split, num_examples)
     if self._is_eval:
-      per_host = math.ceil(num_examples / process_count)
-      self.steps_per_epoch = math.ceil(per_host / batch_size)
+      self.steps_per_epoch = eval_steps(num_examples, process_count, batch_size)
     elif num_examples // process_count == 0:
       raise ValueError(f'Task {name!r} has {num_examples} training examples, fewer '
                        f'than the {process_count} hosts: use a larger task.')
