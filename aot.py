@@ -11,8 +11,9 @@ The train step is train.py's own (trainer.state.build, with the config's logical
 rules and XLA options); the state comes from jax.eval_shape and the batch is abstract, so
 nothing is executed. libtpu describes TPU slices; jax's CUDA plugin describes GPU nodes from
 XLA target descriptions written here (GPUS). Every figure is XLA's estimate from compiling,
-not a measurement. Prints a short table, then one JSON line; a config that cannot compile or
-does not fit gets one line that names the fix.
+not a measurement. Prints a short table, then one JSON line, for each phase of the run
+(data.later_phases: BERT's last 10% of steps at 512 tokens; --phase=N for one); a config
+that cannot compile or does not fit gets one line that names the fix.
 """
 
 import dataclasses
@@ -38,6 +39,7 @@ from trainer import sharding
 from trainer import steps
 import trainer.checks
 import trainer.optimizer
+import trainer.phases
 import trainer.state
 
 GiB = 1024**3
@@ -728,6 +730,21 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('aot.py')
   try:
+    chosen = trainer.phases.chosen(config, FLAGS.phase)
+  except ValueError as e:
+    raise SystemExit(f'aot.py: {e}')
+  for phase in chosen:
+    if len(chosen) > 1 or phase.index:
+      print(f'== {phase.describe(len(trainer.phases.of(config)))}')
+    report = phase_report(phase.config)
+    report['phase'] = phase.index + 1
+    print_table(report)
+    print(json.dumps(report), flush=True)
+
+
+def phase_report(config) -> dict[str, Any]:
+  """The report of one phase's step (its config), with --find_max_batch and --input_rate."""
+  try:
     if FLAGS.find_max_batch:
       per_device, report = find_max_batch(config, FLAGS.topology)
       report['max_per_device_batch'] = per_device
@@ -741,8 +758,7 @@ def main(argv):
     report.update(bench.input_rate(config, workers=max(1, config.data.get('workers', 0))))
     report['input_workers_needed'] = math.ceil(
         2 * report['examples_per_sec_per_host'] / report['input_examples_per_sec_per_worker'])
-  print_table(report)
-  print(json.dumps(report))
+  return report
 
 
 if __name__ == '__main__':
@@ -750,6 +766,8 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
   flags.DEFINE_string('topology', 'v4:2x2x1', 'TPU slice, GENERATION:GRID (v4, v5e, v5p, v6e), '
                       'or NVIDIA GPU nodes, GPU:NODESxGPUS or GPU:GPUS (a100, h100, h200).')
+  flags.DEFINE_integer('phase', 0, 'The phase of the run (data.later_phases) to compile, from '
+                       '1; 0 compiles each.')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host "
                     '(data.workers processes, at least 1) and the workers a host needs.')

@@ -40,6 +40,7 @@ from ml_collections import config_flags
 import input_pipeline
 from trainer import cli
 from trainer import host_memory
+from trainer import phases
 from trainer import sharding
 import trainer.checks
 import trainer.loop
@@ -266,6 +267,10 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
+  try:
+    config = phases.chosen(config, flags.FLAGS.phase)[0].config
+  except ValueError as e:
+    raise SystemExit(f'bench.py: {e}')
   if flags.FLAGS.input_only:
     print(json.dumps(input_rate(config, flags.FLAGS.input_seconds)))
     return
@@ -287,6 +292,8 @@ if __name__ == '__main__':
   flags.DEFINE_float('input_seconds', 30.0, 'At most this long measuring the input pipeline; 0 '
                      'skips it (input_examples_per_sec is then null).')
   flags.DEFINE_bool('input_only', False, 'Measure only the input pipeline (no step).')
+  flags.DEFINE_integer('phase', 1, 'The phase of the run (data.later_phases) whose sequence '
+                       'length, masking and micro-batches are measured, from 1.')
   flags.DEFINE_bool('keep_freed_memory', True, 'On a CPU backend, set glibc\'s malloc to keep '
                     'freed memory as train.py does; --nokeep_freed_memory measures without.')
   app.run(main, flags_parser=cli.parse_flags)

@@ -53,6 +53,7 @@ import input_pipeline
 from input_pipeline.common import tokenizer as tokenizer_lib
 from trainer import checkpoints
 from trainer import cli
+from trainer import phases
 import trainer.checks
 import trainer.state
 
@@ -399,7 +400,9 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
   if os.path.abspath(vocab_file) != os.path.abspath(saved):
     _copy(vocab_file, saved)
   mngr = checkpoints.manager(workdir, 1)
-  checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1)
+  # The released models trained every position of their table (BERT's last phase at 512).
+  checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1,
+                   positions=config.model.max_position_embeddings)
   checkpoints.wait(mngr)
   mngr.close()
 
@@ -407,6 +410,9 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
 def export_hf(workdir: str, output: str) -> str:
   """Writes a BERT workdir as an HF BertForPreTraining directory; returns a summary."""
   config, _, params, tokenizer = trainer.state.load_trained(workdir, 'bert', '--to=hf')
+  # HF truncates to, and warns beyond, a tokenizer's model_max_length: the trained positions.
+  trained = min(phases.trained_positions(workdir) or config.model.max_position_embeddings,
+                config.model.max_position_embeddings)
   weights = os.path.join(output, 'model.safetensors')
   if os.path.exists(weights):
     raise ValueError(f'--output={output} already holds model.safetensors: pass a new directory.')
@@ -429,7 +435,7 @@ def export_hf(workdir: str, output: str) -> str:
                            'pad_token_id': tokenizer.pad_id, 'tie_word_embeddings': True},
            'tokenizer_config.json': {'tokenizer_class': 'BertTokenizer',
                                      'do_lower_case': tokenizer.lower_case,
-                                     'model_max_length': config.model.max_position_embeddings}}
+                                     'model_max_length': trained}}
   os.makedirs(output, exist_ok=True)
   for name, content in files.items():
     path = os.path.join(output, name)
@@ -440,7 +446,10 @@ def export_hf(workdir: str, output: str) -> str:
   os.replace(weights + '.tmp', weights)  # last: only a finished export has its weights
   return (f'Wrote {len(tensors)} tensors of {workdir} to {output} (BertForPreTraining).'
           + (f' Left out (fine-tuning heads): {", ".join(left_out)}.' if left_out else '')
-          + (f' Not in the run (HF initializes them): {", ".join(absent)}.' if absent else ''))
+          + (f' Not in the run (HF initializes them): {", ".join(absent)}.' if absent else '')
+          + (f' The run trained positions 0-{trained - 1} of {config.model.max_position_embeddings}'
+             f' (data.later_phases): tokenizer_config.json has model_max_length {trained}.'
+             if trained < config.model.max_position_embeddings else ''))
 
 
 def main(argv):

@@ -31,8 +31,9 @@ converted or fine-tuning runs; a fine-tuning head is not run): per line one
 sentence, or "A ||| B" for a pair (split at the last " ||| ", as the
 reference extract_features.py), read as [CLS] A [SEP] (B [SEP]) in the run's
 WordPiece vocabulary, segment 0 up to the first [SEP] and 1 after it. A line
-over --max_seq_length tokens (default 128, or the model's
-max_position_embeddings if fewer) is truncated as the reference
+over --max_seq_length tokens (default 128, or the positions the run trained
+if fewer: a BERT pretrained without its 512-token phase trained 128; longer
+needs --allow_untrained_positions) is truncated as the reference
 does: a sentence loses its last tokens, a pair one token at a time from the
 end of its longer side; one warning counts such lines. Layer indices run
 over the hidden states: 0 is the embedding output, i the output of layer i,
@@ -70,6 +71,7 @@ from models import bert
 from models import bert_feature_tagger
 from models import cove
 from models import elmo
+from trainer import phases
 import trainer.state
 
 LAYERS = ('all', 'top', 'average')  # ELMo's --layers
@@ -242,20 +244,27 @@ def bert_inputs(tokenizer, lines: list[str], max_seq_length: int
 
 def bert_features(model: bert.Model, params, tokenizer, config, lines: list[str], *,
                   layers: str = '', combine: str = '', max_seq_length: int | None = None,
-                  batch_size: int = 32) -> tuple[list[np.ndarray], list[list[str]]]:
+                  batch_size: int = 32, trained: int | None = None,
+                  allow_untrained: bool = False) -> tuple[list[np.ndarray], list[list[str]]]:
   """Per line, its hidden states (J, n, D) at the --layers indices, or their --combine (n, X);
-  and its n WordPiece tokens."""
+  and its n WordPiece tokens. `trained`: the positions the run trained (default: all)."""
   if config.data.get('tokenizer', 'wordpiece') != 'wordpiece':
     raise ValueError(f'This BERT run uses data.tokenizer={config.data.tokenizer!r}: '
                      'extract_features.py reads WordPiece runs ([CLS] A [SEP] B [SEP]).')
   # The encoder alone: a fine-tuning head may need more of the batch, and is not wanted.
   cfg = dataclasses.replace(model.config, num_labels=0)
   num_layers, positions = cfg.num_layers, cfg.max_position_embeddings
+  trained = min(trained or positions, positions)
   if max_seq_length is None:
-    max_seq_length = min(128, positions)
+    max_seq_length = min(128, trained)
   if not 3 <= max_seq_length <= positions:
     raise ValueError(f'--max_seq_length={max_seq_length}: use 3 ([CLS] A [SEP]) up to this '
                      f"BERT's max_position_embeddings={positions}.")
+  if max_seq_length > trained and not allow_untrained:
+    raise ValueError(f'--max_seq_length={max_seq_length} but the run trained positions '
+                     f'0-{trained - 1} only (data.later_phases), so positions {trained}-'
+                     f'{max_seq_length - 1} are untrained: use --max_seq_length={trained} or '
+                     'less, or --allow_untrained_positions to go on.')
   if combine:
     bert_feature_tagger.check_feature_layers(combine, num_layers, '--combine')
     indices = None
@@ -335,7 +344,7 @@ def _write_file(tmp: str, index: str, features: list[np.ndarray], texts: dict[st
 
 def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
             batch_size: int = 32, glove: str = '', cove_only: bool = False, combine: str = '',
-            max_seq_length: int | None = None) -> int:
+            max_seq_length: int | None = None, allow_untrained_positions: bool = False) -> int:
   """Writes the features of every line of `input_path` to `output`; returns the count.
 
   Empty `layers` (and None `max_seq_length`) mean the run's default.
@@ -362,7 +371,9 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
   elif config.model_name == 'bert':
     features, tokens = bert_features(model, params, vocab, config, sentences, layers=layers,
                                      combine=combine, max_seq_length=max_seq_length,
-                                     batch_size=batch_size)
+                                     batch_size=batch_size,
+                                     trained=phases.trained_positions(workdir),
+                                     allow_untrained=allow_untrained_positions)
   else:
     features = representations(model, params, vocab, config, sentences, layers=layers or 'all',
                                batch_size=batch_size)
@@ -381,7 +392,8 @@ def main(argv):
   try:
     count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size,
                     glove=f.glove, cove_only=f.cove_only, combine=f.combine,
-                    max_seq_length=f.max_seq_length)
+                    max_seq_length=f.max_seq_length,
+                    allow_untrained_positions=f.allow_untrained_positions)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'extract_features.py: error: {e}')
   print(f'Wrote the features of {count} sentences to {f.output}.', flush=True)
@@ -396,6 +408,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('combine', '', f'BERT: one (n, X) array per line: {", ".join(COMBINE)}.')
   flags.DEFINE_integer('max_seq_length', None, 'BERT: tokens per line, [CLS] and [SEP] included '
                        '(default 128, at most max_position_embeddings); longer lines are truncated.')
+  flags.DEFINE_bool('allow_untrained_positions', False, 'BERT: allow a --max_seq_length beyond '
+                    'the positions the run trained (a run without its 512-token phase).')
   flags.DEFINE_string('glove', '', 'CoVe: GloVe text file for GloVe(w) (default: the run\'s).')
   flags.DEFINE_bool('cove_only', False, 'CoVe: write CoVe(w) without GloVe(w).')
   flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')

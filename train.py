@@ -15,7 +15,8 @@ What a run does, and where (trainer/ unless named otherwise):
                       optimizer (optimizer.py), the state created on its shards,
                       the jitted train and eval steps (steps.py)
   5. checkpoints.py   the newest checkpoint that restores, with the data position
-  6. loop.py          the steps; logs (metric_writer.py), evals (evaluation.py)
+  6. loop.py          the steps, phase by phase (phases.py: BERT's 128 then 512
+                      tokens); logs (metric_writer.py), evals (evaluation.py)
                       and checkpoints on the way; SIGTERM saves, then exits
 """
 

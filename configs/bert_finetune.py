@@ -62,6 +62,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   task = _task(task_name)
   config = bert_base.get_config(size or 'base')
   config.init_from = ''  # workdir of a BERT run (pretrained or converted); empty trains from scratch
+  # Longer sequences than init_from trained (its later_phases) stop the run unless this is set.
+  config.allow_untrained_positions = False
 
   if task is None:
     config.objective, head, num_labels = 'span', 'span', 2
@@ -76,7 +78,7 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   offline = task_name.startswith('offline_')
   for field in ('max_predictions_per_seq', 'masked_lm_prob', 'mask_token_prob',
                 'random_token_prob', 'short_seq_prob', 'next_sentence_prediction',
-                'whole_word_masking', 'docs_per_chunk'):
+                'whole_word_masking', 'docs_per_chunk', 'later_phases'):
     del data[field]
   data.pipeline = 'squad' if task is None else 'bert_finetune'
   data.task = task_name

@@ -49,6 +49,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config.objective = 'gpt_finetune'
   config.seed = 0
   config.init_from = ''  # workdir of a GPT pretraining run; empty trains from scratch
+  # Longer sequences than init_from trained stop the run unless this is set.
+  config.allow_untrained_positions = False
 
   config.model = gpt.model_config(v)
   # Classes (1 = regression); for the choice head only whether there is a head.

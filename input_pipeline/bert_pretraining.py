@@ -288,6 +288,12 @@ def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:
        'config.data.mask_token_prob and random_token_prob must be >= 0 and sum to <= 1.'))
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The data fields, before anything is read; trainer.checks runs it on each phase's config,
+  so a later phase's mistake stops the run before its first step."""
+  validate(config.data, config.train.batch_size)
+
+
 class PretrainingIterator(chunked.ChunkedIterator):
   """Endless host-local batches of MLM + NSP examples, exactly resumable (sec. 3.1, A.1)."""
 

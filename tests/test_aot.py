@@ -13,6 +13,7 @@ from configs import gpt
 from configs import transformer_wmt
 from models import layers
 import trainer.checks
+import trainer.phases
 
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
@@ -34,7 +35,8 @@ def _tiny(module, mesh, topology='v4:2x2x1'):
   return config
 
 
-@pytest.mark.parametrize('topology', SLICES)
+# The GPU node's compiles in the slow tier: tests/test_aot_gpu.py compiles for GPUs in the fast.
+@pytest.mark.parametrize('topology', ['v4:2x2x1', pytest.param('h100:8', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('mesh', MESHES)
 @pytest.mark.parametrize('module', [bert_base, gpt], ids=['bert', 'gpt'])
 def test_tiny_train_steps_compile(module, mesh, topology):
@@ -63,7 +65,9 @@ def test_tiny_train_steps_compile(module, mesh, topology):
     assert report['param_bytes'] < report['param_bytes_unsharded']
 
 
-@pytest.mark.parametrize('module', [bert_base, transformer_wmt], ids=['bert', 'transformer'])
+@pytest.mark.parametrize('module', [pytest.param(bert_base, id='bert'),
+                                    pytest.param(transformer_wmt, id='transformer',
+                                                 marks=pytest.mark.slow)])
 def test_attention_auto_takes_the_flash_kernel_on_tpu(module):
   config = module.get_config('tiny')
   config.model.attention_dropout_rate = 0.0  # the kernel has none; BERT's 0.1 keeps XLA's
@@ -95,6 +99,18 @@ def test_segment_mask_is_the_dense_masks_of_the_models():
                                 jnp.broadcast_to(layers.padding_mask(mask_BL), dense.shape) & real)
 
 
+def test_the_512_token_phase_compiles_for_a_tpu_slice():
+  # BERT's last 10% of steps (appendix A.2) as aot.py compiles them: the phase's config.
+  config = bert_base.get_config('tiny')
+  config.data.later_phases = ((0.9, 512, 80, True),)  # remat, as base and large have it
+  config.train.batch_size = 8
+  first, second = trainer.phases.of(config)
+  report = aot.compile_step(second.config, 'v4:2x2x1', unroll_estimate=False)
+  assert (report['seq_len'], report['remat'], report['batch_size']) == (512, True, 8)
+  assert 0 < report['total_bytes'] < report['usable_hbm_bytes']
+  assert first.config.data.max_seq_length == 128 and not first.config.model.remat
+
+
 def test_flash_attention_is_refused_off_tpu_and_with_attention_dropout():
   config = bert_base.get_config('tiny')
   config.model.attention = 'flash'
@@ -108,7 +124,9 @@ def test_flash_attention_is_refused_off_tpu_and_with_attention_dropout():
 # take 90% (its total is over): three and four times over with AdamW's two moments.
 @pytest.mark.parametrize('topology,vocab_size,message', [
     ('v5e:2x2', 16_000_000, r'RESOURCE_EXHAUSTED: .*HBM.*; fix: more FSDP'),
-    ('h100:8', 40_000_000, r'per GPU of 71.20 GiB HBM \(JAX takes 90%\); fix: more FSDP')])
+    pytest.param('h100:8', 40_000_000,
+                 r'per GPU of 71.20 GiB HBM \(JAX takes 90%\); fix: more FSDP',
+                 marks=pytest.mark.slow)])
 def test_a_step_too_large_for_the_device_is_one_line(topology, vocab_size, message):
   config = bert_base.get_config('tiny')
   config.model.vocab_size = vocab_size

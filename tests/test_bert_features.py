@@ -3,6 +3,7 @@ writes a BERT's hidden states exactly, and the tagger over a frozen BERT reads t
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -69,7 +70,9 @@ def bert_run(tmp_path_factory):
   example = input_pipeline.example_batch(config.data, MODEL['vocab_size'], batch_size=1)
   params = _params(model, example, seed=0)
   mngr = checkpoints.manager(workdir, 1)
-  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {0: {}}, 1)
+  # Trained at every position (as converted releases are): tests of extract_features' limits.
+  checkpoints.save(mngr, 0, {'step': 0, 'params': params}, {0: {}}, 1,
+                   positions=MODEL['max_position_embeddings'])
   mngr.wait_until_finished()
   return workdir, model, params
 
@@ -178,6 +181,26 @@ def test_long_lines_are_truncated_as_the_reference(bert_run, tmp_path, caplog):
   assert [data[str(i)].shape for i in range(3)] == [(8, MODEL['hidden_size'])] * 3
   warnings = [r.getMessage() for r in caplog.records if 'truncated' in r.getMessage()]
   assert len(warnings) == 1 and warnings[0].startswith('2 of 3 lines'), warnings
+
+
+def test_lines_longer_than_the_trained_positions_need_a_flag(bert_run, lines_file, tmp_path):
+  # A run that trained 16 of its 64 positions (no later phase): the default stays within them.
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(bert_run[0], workdir)
+  mngr = checkpoints.manager(workdir, 2)
+  checkpoints.save(mngr, 1, {'step': 1, 'params': bert_run[2]}, {0: {}}, 1, positions=16)
+  mngr.wait_until_finished()
+  output = str(tmp_path / 'f.npz')
+  with pytest.raises(ValueError, match=r'--max_seq_length=32 but the run trained positions 0-15 '
+                     r'only.*--allow_untrained_positions') as e:
+    extract_features.extract(workdir, lines_file, output, max_seq_length=32, combine='last')
+  assert '\n' not in str(e.value) and not os.path.exists(output)
+  extract_features.extract(workdir, lines_file, output, max_seq_length=32, combine='last',
+                           allow_untrained_positions=True)
+  long_line = tmp_path / 'long.txt'
+  long_line.write_text('the cat sat on the mat . ' * 5 + '\n', encoding='utf-8')  # 35 pieces
+  extract_features.extract(workdir, str(long_line), output, combine='last')  # 16 by default
+  assert [len(t) for t in read(output)[1]['tokens']] == [16]
 
 
 def test_bad_layers_and_options_are_refused_in_one_line(bert_run, lines_file, tmp_path):

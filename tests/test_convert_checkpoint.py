@@ -149,6 +149,24 @@ def test_round_trip_hf_to_ours_to_hf_is_exact(hf_bert, bert_workdir, tmp_path):
   assert (tmp_path / 'hf' / 'vocab.txt').read_text() == (hf_bert[0] / 'vocab.txt').read_text()
 
 
+def test_export_tells_hf_the_positions_the_run_trained(bert_workdir, tmp_path):
+  def model_max_length(hf_dir):
+    return json.loads((hf_dir / 'tokenizer_config.json').read_text())['model_max_length']
+
+  convert_checkpoint.export_hf(bert_workdir, str(tmp_path / 'released'))
+  assert model_max_length(tmp_path / 'released') == 64  # a release trained its whole table
+  # A run that trained 16 of its 64 positions (no later phase): HF truncates to 16.
+  run = str(tmp_path / 'run')
+  shutil.copytree(bert_workdir, run)
+  params = trainer.state.load_trained(bert_workdir, 'bert', 'test')[2]
+  mngr = checkpoints.manager(run, 2)
+  checkpoints.save(mngr, 1, {'step': 1, 'params': params}, {0: {}}, 1, positions=16)
+  mngr.wait_until_finished()
+  summary = convert_checkpoint.export_hf(run, str(tmp_path / 'hf'))
+  assert model_max_length(tmp_path / 'hf') == 16
+  assert 'trained positions 0-15 of 64' in summary
+
+
 def test_converted_workdir_is_a_pretraining_workdir(hf_bert, bert_workdir, tmp_path):
   saved = json.loads(open(os.path.join(bert_workdir, 'config.json')).read())
   assert saved['model_name'] == 'bert' and saved['data']['vocab_file'] == ''

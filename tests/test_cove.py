@@ -83,6 +83,7 @@ def test_attention_equations_match_numpy():
   np.testing.assert_allclose(cells[0][1], s, atol=1e-5)
 
 
+@pytest.mark.slow  # an LSTM decoder; tests/test_transformer.py checks the attention decoders
 def test_decoder_is_causal():
   model, params, batch = _setup()
   logits = model.apply({'params': params}, batch)['logits']

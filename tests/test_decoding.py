@@ -39,7 +39,7 @@ def test_init_cache_is_empty_and_scanned_with_the_layers():
     decoding.init_cache(_model(), 1, 25)
 
 
-@pytest.mark.parametrize('scan', [False, True])
+@pytest.mark.parametrize('scan', [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_cache_reproduces_the_full_forward_pass(scan):
   # Right-padded prompts in one call, then one token per call: every row's logits
   # equal those of its own unpadded sequence computed at once.

@@ -73,6 +73,8 @@ def damage(workdir, step, how):
 # In one process: checkpoints that cannot be resumed from, NaN, another mesh.
 # ----------------------------------------------------------------------------
 
+# Fault injection: the slow tier (the standard's), every way of spoiling a checkpoint.
+@pytest.mark.slow
 @pytest.mark.parametrize('how', ['flipped bytes', pytest.param('truncated array file',
                                                                marks=pytest.mark.slow),
                                  pytest.param('missing data position', marks=pytest.mark.slow)])

@@ -7,6 +7,7 @@
     steps.py          the jitted train and eval steps
     evaluation.py     eval on the held-out split, and an objective's `eval_metrics` hook
     loop.py           `train_and_evaluate`: setup, the loop, logs, evals, checkpoints
+    phases.py         a run's phases (BERT: 90% of the steps at 128 tokens, then 512)
     checkpoints.py    orbax checkpoints with the data position; unreadable ones set aside
     sharding.py       the mesh, logical-axis shardings, global batches
     metric_writer.py  console, metrics.jsonl, TensorBoard

@@ -47,8 +47,11 @@ def _all_shards(shard_states: dict[int, dict[str, int]], num_shards: int
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any,
-         shard_states: dict[int, dict[str, int]], num_shards: int) -> None:
-  """Starts an async save; device buffers are copied before this returns.
+         shard_states: dict[int, dict[str, int]], num_shards: int, *, phase: int = 0,
+         positions: int | None = None) -> None:
+  """Starts an async save; device buffers are copied before this returns. With the data
+  shards' positions go the training phase they are in (trainer/phases.py) and the positions
+  the parameters have trained (the longest sequence so far; None: not known).
 
   Refuses (FloatingPointError) a state with a non-finite array: a checkpoint
   is always one to resume from.
@@ -61,7 +64,8 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any,
   with _write_errors(mngr):  # the previous save's error, if any, comes out here
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards)})), force=True)
+        data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards), 'phase': phase,
+                                'positions': positions})), force=True)
 
 
 def wait(mngr: ocp.CheckpointManager) -> None:
@@ -155,8 +159,8 @@ def _stderr_kept_unless_failed():
 
 
 def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any
-                  ) -> tuple[Any, list[dict[str, int]] | None, str | None]:
-  """(state, data shards, None), or (None, None, why step cannot be resumed from), agreed."""
+                  ) -> tuple[Any, dict[str, Any] | None, str | None]:
+  """(state, data, None), or (None, None, why step cannot be resumed from), agreed."""
   try:
     with _stderr_kept_unless_failed():
       restored = mngr.restore(step, args=ocp.args.Composite(
@@ -167,34 +171,44 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any
     why = (f'{bad[0]} is not finite' if bad else
            None if isinstance(shards, list) and shards else 'its data position is missing')
   except Exception as error:  # pylint: disable=broad-except (any unreadable file)
-    restored, shards, why = None, None, _reason(error)
+    restored, data, why = None, None, _reason(error)
   if jax.process_count() > 1:  # every host falls back if one cannot read its part
     failed = multihost_utils.process_allgather(np.array(why is not None))
     if why is None and np.asarray(failed).any():
       why = 'another host could not read it'
-  return (None, None, why) if why else (restored['state'], shards, None)
+  if why:
+    return None, None, why
+  return restored['state'], {'shards': shards, 'phase': data.get('phase', 0),
+                             'positions': data.get('positions')}, None
 
 
-def num_data_shards(workdir: str) -> int | None:
-  """How many data shards the workdir's checkpoints hold (its run's first host count); None
-  without a checkpoint. Creates nothing."""
+def newest_data(workdir: str) -> dict[str, Any] | None:
+  """The data item of the workdir's newest readable checkpoint (data shards' positions, phase,
+  trained positions); None without a checkpoint. Creates nothing."""
   if not exist(workdir):
     return None
   mngr = ocp.CheckpointManager(_directory(workdir), item_names=('data',),
                                options=ocp.CheckpointManagerOptions(read_only=True))
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
-      data = mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
-      return len(data.get('shards', data.get('hosts')))
+      return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
     except Exception:  # pylint: disable=broad-except (restore() reports unreadable steps)
       continue
   return None
 
 
+def num_data_shards(workdir: str) -> int | None:
+  """How many data shards the workdir's checkpoints hold (its run's first host count); None
+  without a checkpoint."""
+  data = newest_data(workdir)
+  return len(data.get('shards', data.get('hosts'))) if data else None
+
+
 def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
-            ) -> tuple[Any, list[dict[str, int]]]:
-  """The newest checkpoint that restores: (state on the given shardings, every data shard's
-  position).
+            ) -> tuple[Any, dict[str, Any]]:
+  """The newest checkpoint that restores: (state on the given shardings, its data: every data
+  shard's position under 'shards', the phase under 'phase', the trained positions under
+  'positions').
 
   A checkpoint that cannot be read or holds a non-finite array is reported in
   one line and moved to workdir/unreadable_checkpoints/ once an older one has
@@ -202,7 +216,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
   """
   failures = []
   for step in sorted(mngr.all_steps(), reverse=True):
-    state, shards, why = _restore_step(mngr, step, abstract_state)
+    state, data, why = _restore_step(mngr, step, abstract_state)
     if why is None:
       for bad_step, bad_why in failures:
         moved = _set_aside(workdir, bad_step)
@@ -211,7 +225,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
                 f'{moved}; resuming from step {step}.', flush=True)
       if failures:
         mngr.reload()
-      return state, shards
+      return state, data
     failures.append((step, why))
   reasons = '; '.join(f'step {s}: {why}' for s, why in failures)
   raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}): fix what '

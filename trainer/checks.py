@@ -11,6 +11,7 @@ import jax
 
 import input_pipeline
 from trainer import checkpoints
+from trainer import phases
 from trainer import sharding
 from trainer.optimizer import OPTIMIZERS, SCHEDULES
 
@@ -111,6 +112,13 @@ def validate(config, mesh, num_hosts: int | None = None) -> None:
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
                      f'{num_hosts} hosts, so hosts would share batch shards: '
                      'give data or fsdp more devices in config.mesh.')
+  phases.check(config)
+  for phase in phases.of(config)[1:]:
+    try:
+      validate(phase.config, mesh, num_hosts)
+    except ValueError as e:
+      raise ValueError(f'In phase {phase.index + 1} (data.later_phases[{phase.index - 1}]): '
+                       f'{e}') from None
 
 
 # Fields of config.model that change parameter shapes or names, or what the loaded
@@ -178,3 +186,20 @@ def check_init_from(config, workdir: str) -> None:
                        f'config.init_from has {part}.{their_field}={theirs}: pick the size it '
                        f'was trained with (the config argument <task>,<size>) or set '
                        f'--config.{part}.{field}={theirs}.')
+  _check_trained_positions(config)
+
+
+def _check_trained_positions(config) -> None:
+  """A run longer than the positions its init_from trained says so (the table may hold 512
+  positions of which a one-phase pretraining at 128 trained 128), unless told to go on."""
+  longest = max(phases.lengths(config), default=0)
+  table = config.model.get('max_position_embeddings')
+  trained = phases.trained_positions(config.init_from)
+  # Longer than the table itself is validate's error.
+  if (not table or longest > table or trained is None or longest <= trained
+      or config.get('allow_untrained_positions')):
+    return
+  raise ValueError(f'data.max_seq_length={longest} but the run in config.init_from trained '
+                   f'positions 0-{trained - 1} only, so positions {trained}-{longest - 1} are '
+                   'untrained: pretrain its later phase (data.later_phases), lower '
+                   'data.max_seq_length, or set --config.allow_untrained_positions=True to go on.')

@@ -68,6 +68,7 @@ def evaluate_and_write(run: Any, params, step: int, writer) -> None:
     model = importlib.import_module(f'models.{run.config.model_name}').Model(
         model_config(run.config))
     metrics.update(run.objective.eval_metrics(run.config, model, params, run.tokenizer))
-  writer.write(step, metrics, prefix='eval_')
+  writer.write(step, metrics, prefix='eval_', fields=run.row_fields())
   if step == run.config.train.num_steps:
-    writer.results(step, {f'eval_{k}': v for k, v in metrics.items()}, run.workdir)
+    writer.results(step, {f'eval_{k}': v for k, v in metrics.items()}, run.workdir,
+                   fields=run.row_fields())

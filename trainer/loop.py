@@ -21,6 +21,7 @@ from trainer import checkpoints
 from trainer import evaluation
 from trainer import host_memory
 from trainer import metric_writer
+from trainer import phases as phases_lib
 from trainer import sharding
 from trainer.checks import check_init_from, inherit_unset_fields, validate
 from trainer.state import TrainState, build, init_params
@@ -62,25 +63,40 @@ def write_workdir_files(config, workdir: str, tokenizer) -> None:
 
 @dataclasses.dataclass
 class Run:
-  """Everything a training run is made of, built by `setup`."""
+  """Everything a training run is made of, built by `setup`; the train and eval data and steps
+  are the current phase's (enter_phase)."""
   config: Any
   workdir: str
   mesh: jax.sharding.Mesh
   tokenizer: Any
-  train_iter: Any
   data_shards: int
   objective: Any
   schedule: optax.Schedule
   state: TrainState
-  train_step: Callable
-  eval_step: Callable
   mngr: Any
-  eval_data: Any
-  eval_start: dict
+  phases: list[phases_lib.Phase]
+  positions: int  # the longest sequence the parameters have trained on, before this run's phases
+  phase: phases_lib.Phase | None = None
+  train_iter: Any = None
+  train_step: Callable | None = None
+  eval_step: Callable | None = None
+  eval_data: Any = None
+  eval_start: dict | None = None
+
+  def row_fields(self) -> dict[str, int]:
+    """What every metrics row of this phase says besides its metrics: the sequence length."""
+    length = self.phase.config.data.get('max_seq_length')
+    return {'max_seq_length': length} if length else {}
+
+  def trained_positions(self) -> int:
+    """The positions trained up to the current phase, this run's or those it started from."""
+    reached = self.phases[:self.phase.index + 1]
+    return max([self.positions] + [p.max_seq_length or 0 for p in reached])
 
 
 def setup(config, workdir: str, mesh) -> Run:
-  """Checks, data, model and state (restored if the workdir has a checkpoint)."""
+  """Checks, model and state (restored if the workdir has a checkpoint), and the data of the
+  phase the run is in."""
   # Checks, before any data is read or anything compiled. A resumed run needs
   # nothing from init_from any more (it may have been moved).
   inherit_unset_fields(config, workdir)
@@ -89,7 +105,7 @@ def setup(config, workdir: str, mesh) -> Run:
     check_init_from(config, workdir)
   os.makedirs(workdir, exist_ok=True)
 
-  # Data. A resumed run keeps the vocabulary it started with, whatever the cache holds now,
+  # The vocabulary: a resumed run keeps the one it started with, whatever the cache holds now,
   # and a run initialized from another one takes that run's vocabulary.
   resuming = checkpoints.exist(workdir)
   saved_dir = workdir if resuming else config.get('init_from') or None
@@ -100,31 +116,60 @@ def setup(config, workdir: str, mesh) -> Run:
                      f'{tokenizer.vocab_size}.')
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
-  workers = input_pipeline.num_workers(config.data, jax.default_backend(),
-                                       jax.local_device_count())
-  train_iter = input_pipeline.get_train_stream(
-      config.data, tokenizer=tokenizer, global_batch=config.train.batch_size, seed=config.seed,
-      num_shards=data_shards, process_index=jax.process_index(),
-      process_count=jax.process_count(), workers=workers)
-  eval_data, eval_start = evaluation.eval_batches(config, tokenizer)
 
   # Model and state, restored with the data position when the workdir has a checkpoint.
   objective, schedule, state, train_step, eval_step = build(config, mesh)
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
+  data, positions = None, 0
   if mngr.latest_step() is not None:
-    state, shards = checkpoints.restore(mngr, state, workdir)
-    train_iter.set_state(dict(enumerate(shards)))
+    state, data = checkpoints.restore(mngr, state, workdir)
+    positions = data['positions'] or 0
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
     state = state.replace(params=init_params(state.params, config))
+    positions = phases_lib.trained_positions(config.init_from) or 0
   else:
     model_module = importlib.import_module(f'models.{config.model_name}')
     if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
       state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
   write_workdir_files(config, workdir, tokenizer)
-  return Run(config, workdir, mesh, tokenizer, train_iter, data_shards, objective, schedule,
-             state, train_step, eval_step, mngr, eval_data, eval_start)
+  run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
+            phases_lib.of(config), positions)
+  step = int(state.step)
+  phase = phases_lib.at(run.phases, step)
+  if data and data['phase'] != phase.index:
+    data = None  # the position is another phase's: this one starts at its first example
+    if step != phase.start and jax.process_index() == 0:  # not the boundary: a changed table
+      print(f'The checkpoint of step {step} holds the data position of another phase than '
+            'data.later_phases gives that step: the phase\'s data starts afresh.', flush=True)
+  steps = (train_step, eval_step) if phase.index == 0 else None
+  enter_phase(run, phase, data, steps)
+  return run
+
+
+def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None = None,
+                steps: tuple[Callable, Callable] | None = None) -> None:
+  """Makes `phase` the run's: its train data (at `data`'s shard positions, else from its
+  start), its eval data and its steps (built unless given); closes the previous phase's data."""
+  if run.train_iter is not None:
+    run.train_iter.close()
+    run.eval_data.close()
+  config = phase.config
+  if steps is None:  # the same state and shardings; the phase's micro-batches and shapes
+    _, _, _, *steps = build(config, run.mesh, materialize=False)
+  run.phase, (run.train_step, run.eval_step) = phase, steps
+  workers = input_pipeline.num_workers(config.data, jax.default_backend(),
+                                       jax.local_device_count())
+  run.train_iter = input_pipeline.get_train_stream(
+      config.data, tokenizer=run.tokenizer, global_batch=config.train.batch_size,
+      seed=config.seed + phase.index, num_shards=run.data_shards,
+      process_index=jax.process_index(), process_count=jax.process_count(), workers=workers)
+  if data:
+    run.train_iter.set_state(dict(enumerate(data['shards'])))
+  run.eval_data, run.eval_start = evaluation.eval_batches(config, run.tokenizer)
+  if len(run.phases) > 1 and jax.process_index() == 0:
+    print(f'Training {phase.describe(len(run.phases))}.', flush=True)
 
 
 @jax.jit
@@ -193,7 +238,8 @@ class Progress:
     """Starts the checkpoint of `step`; a non-finite state is never saved."""
     try:
       checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
-                       self.run.data_shards)
+                       self.run.data_shards, phase=self.run.phase.index,
+                       positions=self.run.trained_positions())
     except FloatingPointError as e:
       raise FloatingPointError(
           f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '
@@ -206,9 +252,9 @@ class Progress:
     steps_per_sec = (step - self.last_step) / max(now - self.last_time - self.paused, 1e-9)
     summary = self.run.objective.summarize(self.totals)
     summary['learning_rate'] = float(self.run.schedule(step - 1))
+    data = self.run.phase.config.data
     summary['tokens_per_sec'] = (steps_per_sec * self.run.config.train.batch_size *
-                                 self.run.config.data.max_seq_length *
-                                 self.run.config.data.get('num_choices', 1))
+                                 data.max_seq_length * data.get('num_choices', 1))
     self.totals, self.last_step, self.last_time, self.paused = {}, step, now, 0.0
     return summary, steps_per_sec
 
@@ -248,23 +294,34 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
             'train further.', flush=True)
     while step < end and not stop.requested(step, tc.log_every):
       first = step == start_step
+      if step == run.phase.end:  # the previous phase's last step was logged and saved
+        pause = time.time()
+        enter_phase(run, run.phases[run.phase.index + 1])
+        progress.paused += time.time() - pause
+        first = True
       start = time.time()
       state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
       if first:
         jax.block_until_ready(metrics)
         progress.paused += time.time() - start
         if jax.process_index() == 0:
-          print(f'First step (with compilation) took {time.time() - start:.1f}s.', flush=True)
+          what = f'of phase {run.phase.index + 1} ' if len(run.phases) > 1 else ''
+          print(f'First step {what}(with compilation) took {time.time() - start:.1f}s.',
+                flush=True)
       step += 1
       progress.add(step, metrics)
-      if step % tc.log_every and step % tc.checkpoint_every and step % tc.eval_every and step != end:
+      # A phase's last step is logged and saved: each row has one sequence length, and a
+      # resume that lands on the boundary starts the next phase afresh.
+      phase_end = step == run.phase.end
+      if (step % tc.log_every and step % tc.checkpoint_every and step % tc.eval_every
+          and step != end and not phase_end):
         continue
       progress.check()  # a non-finite loss since the last check stops the run here, unsaved
-      if step % tc.log_every == 0 or step == end:
+      if step % tc.log_every == 0 or step == end or phase_end:
         summary, steps_per_sec = progress.summary(step)
-        writer.write(step, summary, steps_per_sec=steps_per_sec)
+        writer.write(step, summary, steps_per_sec=steps_per_sec, fields=run.row_fields())
       pause = time.time()
-      if step % tc.checkpoint_every == 0 or step == end:
+      if step % tc.checkpoint_every == 0 or step == end or phase_end:
         progress.save(step, state)
       if step % tc.eval_every == 0 or step == tc.num_steps:
         evaluation.evaluate_and_write(run, state.params, step, writer)

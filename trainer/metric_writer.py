@@ -61,28 +61,34 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
   def write(self, step: int, metrics: dict[str, float], *, prefix: str = '',
-            steps_per_sec: float | None = None) -> None:
+            steps_per_sec: float | None = None, fields: dict[str, int] | None = None) -> None:
+    """A row of `metrics` (names prefixed), with `fields` that say what they were measured on
+    (the phase's max_seq_length): not metrics, so neither prefixed nor in TensorBoard."""
     if not self.active:
       return
     named = {prefix + k: float(v) for k, v in metrics.items()}
-    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), **named}) + '\n')
+    fields = fields or {}
+    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), **fields, **named}) + '\n')
     self._jsonl.flush()
     for k, v in named.items():
       if math.isfinite(v):
         self._tb.add_scalar(k, v, step)
     self._tb.flush()
-    shown = ' | '.join(f'{k} {_format(v)}' for k, v in named.items())
+    shown = ' | '.join([f'{k} {v}' for k, v in fields.items()] +
+                       [f'{k} {_format(v)}' for k, v in named.items()])
     eta = ''
     if steps_per_sec:
       eta = f' | ETA {_duration((self.total_steps - step) / steps_per_sec)}'
     print(f'step {step}/{self.total_steps} | {shown}{eta}', flush=True)
 
-  def results(self, step: int, metrics: dict[str, float], workdir: str) -> None:
+  def results(self, step: int, metrics: dict[str, float], workdir: str, *,
+              fields: dict[str, int] | None = None) -> None:
     """The run's final eval metrics: one 'results' line in metrics.jsonl and a console summary."""
     if not self.active:
       return
     final = {k: float(v) for k, v in metrics.items()}
-    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), 'results': final}) + '\n')
+    self._jsonl.write(json.dumps({'step': step, 'time': time.time(), **(fields or {}),
+                                  'results': final}) + '\n')
     self._jsonl.flush()
     shown = '\n'.join(f'  {k:<24} {_format(v)}' for k, v in final.items())
     print(f'Results of {workdir} at step {step} (eval split):\n{shown}', flush=True)

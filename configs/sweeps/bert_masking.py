@@ -7,22 +7,28 @@ sec. 5.1 table 5 for NSP, appendix C.2 table 8 for the [MASK]/random/kept mix).
 
 The argument is SIZE[,TASK]: a configs/bert_base.py size and a configs/bert_finetune.py task
 (offline_next, the pair task, by default: NSP should matter most there). Tiny runs shorten
-both stages, and pretrain at 64 tokens a row, so that the sweep finishes on a laptop; other
-sizes keep the configs' schedules and 128 tokens.
+both stages, and pretrain at 64 tokens a row, then 128 for the last 10% of steps (the tasks'
+length), so that the sweep finishes on a laptop; other sizes keep the configs' schedules and
+phases (128 tokens, then 512).
 """
 
 import math
 
-# The mask rate's variants keep max_predictions_per_seq at the rate's share of the row.
+from configs import bert_base
+
+# The mask rate's variants keep max_predictions_per_seq at the rate's share of each phase's row.
 TINY_SEQ_LENGTH, SEQ_LENGTH = 64, 128
+TINY_LATER_PHASES = ((0.9, 128, math.ceil(0.15 * 128), False),)
 METRICS = {'offline_capitalized': ('eval_span_f1', 'eval_accuracy'),
            'conll2003': ('eval_span_f1', 'eval_accuracy'),
            'squad': ('eval_f1', 'eval_exact_match'), 'offline_span': ('eval_f1', 'eval_exact_match')}
 
 
-def _rate(rate: float, seq_length: int) -> dict:
+def _rate(rate: float, seq_length: int, later_phases: tuple) -> dict:
   return {'pretrain.data.masked_lm_prob': rate,
-          'pretrain.data.max_predictions_per_seq': math.ceil(rate * seq_length)}
+          'pretrain.data.max_predictions_per_seq': math.ceil(rate * seq_length),
+          'pretrain.data.later_phases': tuple((start, length, math.ceil(rate * length), remat)
+                                              for start, length, _, remat in later_phases)}
 
 
 def get_sweep(arg: str = 'tiny'):
@@ -30,17 +36,19 @@ def get_sweep(arg: str = 'tiny'):
   task = task or 'offline_next'
   tiny = size == 'tiny'
   seq_length = TINY_SEQ_LENGTH if tiny else SEQ_LENGTH
+  later = TINY_LATER_PHASES if tiny else bert_base.get_config(size).data.later_phases
   return dict(
       stages=(('pretrain', f'configs/bert_base.py:{size}',
                {'train.num_steps': 400, 'data.max_seq_length': seq_length,
-                'data.max_predictions_per_seq': math.ceil(0.15 * seq_length)} if tiny else {}),
+                'data.max_predictions_per_seq': math.ceil(0.15 * seq_length),
+                'data.later_phases': later} if tiny else {}),
               ('finetune', f'configs/bert_finetune.py:{task}',
                {'train.num_steps': 200} if tiny else {})),
       variants=(
           ('15%, 80/10/10, NSP (the paper)', {}),
-          ('mask 10%', _rate(0.10, seq_length)),
-          ('mask 25%', _rate(0.25, seq_length)),
-          ('mask 40%', _rate(0.40, seq_length)),
+          ('mask 10%', _rate(0.10, seq_length, later)),
+          ('mask 25%', _rate(0.25, seq_length, later)),
+          ('mask 40%', _rate(0.40, seq_length, later)),
           ('always [MASK] (100/0/0)', {'pretrain.data.mask_token_prob': 1.0,
                                        'pretrain.data.random_token_prob': 0.0}),
           ('80/0/20', {'pretrain.data.random_token_prob': 0.0}),
