@@ -33,7 +33,6 @@ from jax.experimental import topologies
 import numpy as np
 from ml_collections import config_flags
 
-import input_pipeline
 from trainer import cli
 from trainer import sharding
 from trainer import steps
@@ -435,15 +434,6 @@ def replicated_params(abstract_params, top: int = 3) -> list[str]:
   return [name for _, name in sorted(whole, reverse=True)[:top]]
 
 
-def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch's shapes (every feature is batch-first), without making its examples."""
-  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
-  batch_sharding = sharding.batch_sharding(mesh)
-  return {k: jax.ShapeDtypeStruct((config.train.batch_size,) + v.shape[1:], v.dtype,
-                                  sharding=batch_sharding)
-          for k, v in example.items()}
-
-
 def _cost(compiled) -> dict[str, float]:
   """XLA's cost analysis of a compiled step (one dict; some versions wrap it in a list; none
   for GPUs: {})."""
@@ -476,7 +466,8 @@ def unrolled_cost(config, mesh) -> dict[str, float] | None:
     except ValueError:  # e.g. the BERT feature tagger's last four layers need four
       return None
     with jax.set_mesh(mesh):
-      costs.append(_cost(train_step.lower(state, abstract_batch(shallow, mesh)).compile()))
+      batch = trainer.state.abstract_batch(shallow, mesh)
+      costs.append(_cost(train_step.lower(state, batch).compile()))
   depth = depths.pop()
   return {k: costs[0][k] + (depth - 1) * (costs[1][k] - costs[0][k])
           for k in ('flops', 'bytes accessed')}
@@ -530,7 +521,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   _, _, state, train_step, _ = trainer.state.build(config, mesh, materialize=False)
   with jax.set_mesh(mesh):
     try:
-      compiled = train_step.lower(state, abstract_batch(config, mesh)).compile()
+      compiled = train_step.lower(state, trainer.state.abstract_batch(config, mesh)).compile()
     except Exception as e:  # pylint: disable=broad-except
       if 'RESOURCE_EXHAUSTED' in str(e):  # XLA's memory assignment found no room in HBM
         raise DoesNotFit(f'DOES NOT FIT: {_first_line(e)}; {fixes(config, mesh)}') from e
@@ -730,12 +721,12 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('aot.py')
   try:
-    chosen = trainer.phases.chosen(config, FLAGS.phase)
+    chosen, count = trainer.phases.chosen(config, FLAGS.phase), len(trainer.phases.of(config))
   except ValueError as e:
     raise SystemExit(f'aot.py: {e}')
   for phase in chosen:
-    if len(chosen) > 1 or phase.index:
-      print(f'== {phase.describe(len(trainer.phases.of(config)))}')
+    if count > 1:
+      print(f'== {phase.describe(count)}')
     report = phase_report(phase.config)
     report['phase'] = phase.index + 1
     print_table(report)

@@ -268,6 +268,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('bench.py')
   try:
+    if flags.FLAGS.phase < 1:
+      raise ValueError(f'--phase={flags.FLAGS.phase}: phases are numbered from 1.')
     config = phases.chosen(config, flags.FLAGS.phase)[0].config
   except ValueError as e:
     raise SystemExit(f'bench.py: {e}')
@@ -293,7 +295,7 @@ if __name__ == '__main__':
                      'skips it (input_examples_per_sec is then null).')
   flags.DEFINE_bool('input_only', False, 'Measure only the input pipeline (no step).')
   flags.DEFINE_integer('phase', 1, 'The phase of the run (data.later_phases) whose sequence '
-                       'length, masking and micro-batches are measured, from 1.')
+                       'length, masking and remat are measured, from 1.')
   flags.DEFINE_bool('keep_freed_memory', True, 'On a CPU backend, set glibc\'s malloc to keep '
                     'freed memory as train.py does; --nokeep_freed_memory measures without.')
   app.run(main, flags_parser=cli.parse_flags)

@@ -134,7 +134,7 @@ def test_hlo_bytes_agree_with_xla_cost_analysis():
   mesh = aot.sharding.make_mesh(config.mesh, devices)
   _, _, state, train_step, _ = aot.trainer.state.build(config, mesh, materialize=False)
   with jax.set_mesh(mesh):
-    compiled = train_step.lower(state, aot.abstract_batch(config, mesh)).compile()
+    compiled = train_step.lower(state, aot.trainer.state.abstract_batch(config, mesh)).compile()
   xla_bytes = aot._cost(compiled)['bytes accessed']
   assert 0.85 < aot.hlo_bytes(compiled.as_text()) / xla_bytes < 1.15
 

@@ -51,7 +51,9 @@ def pretrained(shared_data_dir, tmp_path_factory):
        f'--config.data.data_dir={shared_data_dir}', f'--config.train.num_steps={PRETRAIN_STEPS}',
        f'--config.train.eval_every={PRETRAIN_STEPS}',
        f'--config.train.checkpoint_every={PRETRAIN_STEPS}', '--config.optimizer.warmup_steps=30',
-       '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10'],
+       '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
+       # The last 10% at the tasks' 128 tokens, so that fine-tuning finds them trained.
+       "--config.data.later_phases=((0.9,128,20,False),)"],
       cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir

@@ -132,6 +132,9 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
   assert all(r['max_seq_length'] == 64 for r in rows if 'eval_loss' in r)
   assert 'step 4/6 | max_seq_length 64 | loss' in out
   assert 'Training phase 2 of 2, steps 4-6: 64 tokens, 10 predictions per sequence, remat' in out
+  # Phase 2's step was compiled at the start (a step too large stops the run there).
+  assert 'Compiled the step of phase 2 ahead' in out
+  assert 'First step of phase 2 (compiled at the start) took' in out
   # One optimizer and one schedule across the switch: the logged rates are the schedule's
   # (a restarted warmup would give 0 at step 4), Adam counted every step, and the loss goes on.
   schedule = trainer.optimizer.learning_rate_schedule(config.optimizer, config.train.num_steps)
@@ -155,6 +158,12 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
   # The checkpoint at the boundary holds phase 1's position; the one after, phase 2's.
   assert checkpoints.newest_data(resumed)['phase'] == 1
   assert phases.trained_positions(resumed) == 64
+  # Phases that moved (here: one phase, more steps) stop the resume in one line.
+  config.data.later_phases, config.train.num_steps = (), 8
+  with pytest.raises(ValueError, match=r'checkpoint of step 6 is in phase 2 of its run, and '
+                     r'this config puts step 6 in phase 1: keep data.later_phases') as e:
+    trainer.loop.train_and_evaluate(config, resumed, devices=one)
+  assert '\n' not in str(e.value)
 
 
 def _pretraining_run(workdir, *, later_phases=(), phase=0, positions=None):
@@ -172,13 +181,16 @@ def _pretraining_run(workdir, *, later_phases=(), phase=0, positions=None):
 
 
 def test_fine_tuning_beyond_the_trained_positions_says_so(tmp_path):
-  one_phase = _pretraining_run(str(tmp_path / 'one'))
-  stopped_in_phase_1 = _pretraining_run(str(tmp_path / 'early'),
-                                        later_phases=((0.9, 512, 80, False),), phase=0)
-  both = _pretraining_run(str(tmp_path / 'both'), later_phases=((0.9, 512, 80, False),), phase=1)
-  converted = _pretraining_run(str(tmp_path / 'converted'), positions=512)
-  assert [phases.trained_positions(w) for w in (one_phase, stopped_in_phase_1, both, converted)
-          ] == [128, 128, 512, 512]
+  # The checkpoints as the loop writes them (the two-phase run above checks that it does).
+  later = ((0.9, 512, 80, False),)
+  one_phase = _pretraining_run(str(tmp_path / 'one'), positions=128)
+  stopped_in_phase_1 = _pretraining_run(str(tmp_path / 'early'), later_phases=later, phase=0,
+                                        positions=128)
+  both = _pretraining_run(str(tmp_path / 'both'), later_phases=later, phase=1, positions=512)
+  # A checkpoint from before phases says nothing: nothing is refused.
+  unknown = _pretraining_run(str(tmp_path / 'unknown'))
+  assert [phases.trained_positions(w) for w in (one_phase, stopped_in_phase_1, both, unknown)
+          ] == [128, 128, 512, None]
 
   def check(init_from, length=384, allow=False, model=(('max_position_embeddings', 512),)):
     config = ml_collections.ConfigDict({
@@ -195,7 +207,7 @@ def test_fine_tuning_beyond_the_trained_positions_says_so(tmp_path):
     check(untrained, allow=True)  # told to go on
     check(untrained, length=128)
   check(both)
-  check(converted)
+  check(unknown)
   # The fine-tuning configs carry the flag; a positionless model (ELMo) is not checked.
   assert bert_finetune.get_config('squad').allow_untrained_positions is False
   check(one_phase, model=())

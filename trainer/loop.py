@@ -24,7 +24,7 @@ from trainer import metric_writer
 from trainer import phases as phases_lib
 from trainer import sharding
 from trainer.checks import check_init_from, inherit_unset_fields, validate
-from trainer.state import TrainState, build, init_params
+from trainer.state import TrainState, abstract_batch, build, init_params
 from trainer.steps import accumulate
 
 
@@ -82,6 +82,7 @@ class Run:
   eval_step: Callable | None = None
   eval_data: Any = None
   eval_start: dict | None = None
+  later_steps: dict[int, tuple[Callable, Callable]] = dataclasses.field(default_factory=dict)
 
   def row_fields(self) -> dict[str, int]:
     """What every metrics row of this phase says besides its metrics: the sequence length."""
@@ -139,13 +140,42 @@ def setup(config, workdir: str, mesh) -> Run:
   step = int(state.step)
   phase = phases_lib.at(run.phases, step)
   if data and data['phase'] != phase.index:
-    data = None  # the position is another phase's: this one starts at its first example
-    if step != phase.start and jax.process_index() == 0:  # not the boundary: a changed table
-      print(f'The checkpoint of step {step} holds the data position of another phase than '
-            'data.later_phases gives that step: the phase\'s data starts afresh.', flush=True)
+    # Saved at the end of the previous phase, the next starts at its first example; anything
+    # else means the phases moved (data.later_phases or train.num_steps changed).
+    if not (data['phase'] == phase.index - 1 and step == phase.start):
+      raise ValueError(
+          f'The checkpoint of step {step} is in phase {data["phase"] + 1} of its run, and this '
+          f'config puts step {step} in phase {phase.index + 1}: keep data.later_phases and '
+          'train.num_steps as the run started (a run from before phases: '
+          "--config.data.later_phases='()'), or start a new --workdir.")
+    data = None
   steps = (train_step, eval_step) if phase.index == 0 else None
   enter_phase(run, phase, data, steps)
+  compile_later_phases(run)
   return run
+
+
+def compile_later_phases(run: Run) -> None:
+  """Compiles the steps of the phases still to come now, so that one that does not compile or
+  fit in device memory stops the run at its start rather than at its boundary (90% in); the
+  phase then runs the step compiled here."""
+  for phase in run.phases[run.phase.index + 1:]:
+    start = time.time()
+    _, _, abstract_state, train_step, eval_step = build(phase.config, run.mesh, materialize=False)
+    try:
+      compiled = train_step.lower(abstract_state, abstract_batch(phase.config, run.mesh)).compile()
+    except Exception as e:  # pylint: disable=broad-except (XLA's error for a step too large)
+      if 'RESOURCE_EXHAUSTED' not in str(e):
+        raise
+      raise ValueError(
+          f'In phase {phase.index + 1} (data.later_phases[{phase.index - 1}]) the step does not '
+          f'fit in device memory ({str(e).splitlines()[0][:200]}): set that phase\'s remat '
+          '(its last field) to True, or raise train.grad_accum_steps; python aot.py --phase='
+          f'{phase.index + 1} shows its fit.') from None
+    run.later_steps[phase.index] = (compiled, eval_step)
+    if jax.process_index() == 0:
+      print(f'Compiled the step of phase {phase.index + 1} ahead in {time.time() - start:.1f}s.',
+            flush=True)
 
 
 def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None = None,
@@ -156,14 +186,14 @@ def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None =
     run.train_iter.close()
     run.eval_data.close()
   config = phase.config
-  if steps is None:  # the same state and shardings; the phase's micro-batches and shapes
+  if steps is None:  # the same state and shardings; the phase's shapes and remat
     _, _, _, *steps = build(config, run.mesh, materialize=False)
   run.phase, (run.train_step, run.eval_step) = phase, steps
   workers = input_pipeline.num_workers(config.data, jax.default_backend(),
                                        jax.local_device_count())
   run.train_iter = input_pipeline.get_train_stream(
       config.data, tokenizer=run.tokenizer, global_batch=config.train.batch_size,
-      seed=config.seed + phase.index, num_shards=run.data_shards,
+      seed=phases_lib.data_seed(config.seed, phase.index), num_shards=run.data_shards,
       process_index=jax.process_index(), process_count=jax.process_count(), workers=workers)
   if data:
     run.train_iter.set_state(dict(enumerate(data['shards'])))
@@ -293,12 +323,13 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
             'train further.', flush=True)
     while step < end and not stop.requested(step, tc.log_every):
-      first = step == start_step
+      first = 'with compilation' if step == start_step else ''
       if step == run.phase.end:  # the previous phase's last step was logged and saved
         pause = time.time()
-        enter_phase(run, run.phases[run.phase.index + 1])
+        following = run.phases[run.phase.index + 1]
+        enter_phase(run, following, steps=run.later_steps.pop(following.index))
         progress.paused += time.time() - pause
-        first = True
+        first = 'compiled at the start'
       start = time.time()
       state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
       if first:
@@ -306,8 +337,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         progress.paused += time.time() - start
         if jax.process_index() == 0:
           what = f'of phase {run.phase.index + 1} ' if len(run.phases) > 1 else ''
-          print(f'First step {what}(with compilation) took {time.time() - start:.1f}s.',
-                flush=True)
+          print(f'First step {what}({first}) took {time.time() - start:.1f}s.', flush=True)
       step += 1
       progress.add(step, metrics)
       # A phase's last step is logged and saved: each row has one sequence length, and a

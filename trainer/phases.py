@@ -14,11 +14,10 @@ phase resumes the first's output_dir with the same num_train_steps.
 """
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from trainer import checkpoints
 
@@ -113,6 +112,12 @@ def chosen(config, number: int) -> list[Phase]:
   return phases[number - 1:number] if number else phases
 
 
+def data_seed(seed: int, index: int) -> int:
+  """The seed of phase `index`'s data: the run's for the first phase; for a later one, a seed
+  drawn from (seed, index), so that no phase of one run reads another seed's stream."""
+  return seed if index == 0 else int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
 def at(phases: list[Phase], step: int) -> Phase:
   """The phase that trains the step after `step` (the last one once the run is done)."""
   return next((p for p in phases if p.start <= step < p.end), phases[-1])
@@ -128,10 +133,7 @@ def lengths(config: ml_collections.ConfigDict | dict) -> list[int]:
 
 def trained_positions(workdir: str) -> int | None:
   """The positions the newest checkpoint in `workdir` has trained: the longest sequence of the
-  phases it went through, or of the run it started from (None: its config says no length)."""
-  data = checkpoints.newest_data(workdir) or {}
-  if data.get('positions') is not None:
-    return int(data['positions'])
-  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
-    phase_lengths = lengths(json.load(f))
-  return max(phase_lengths[:data.get('phase', 0) + 1]) if phase_lengths else None
+  phases it went through, or of the run it started from. None where the checkpoint does not say
+  (written before phases existed, or by a model without positions): nothing is checked then."""
+  positions = (checkpoints.newest_data(workdir) or {}).get('positions')
+  return None if positions is None else int(positions)

@@ -75,6 +75,15 @@ def build(config, mesh, materialize: bool = True
           make_eval_step(model, loss_fn, config, mesh, state_shardings, predict))
 
 
+def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch's shapes (every feature is batch-first), without making its examples."""
+  example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
+  batch_sharding = sharding.batch_sharding(mesh)
+  return {k: jax.ShapeDtypeStruct((config.train.batch_size,) + v.shape[1:], v.dtype,
+                                  sharding=batch_sharding)
+          for k, v in example.items()}
+
+
 def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
                  ) -> tuple[Any, nn.Module, Any, Any]:
   """The config, model, latest parameters (on one device) and tokenizer of a workdir that
