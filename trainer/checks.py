@@ -112,8 +112,7 @@ def validate(config, mesh, num_hosts: int | None = None) -> None:
     raise ValueError(f'The data-parallel size {dp} (data x fsdp) is not a multiple of the '
                      f'{num_hosts} hosts, so hosts would share batch shards: '
                      'give data or fsdp more devices in config.mesh.')
-  phases.check(config)
-  for phase in phases.of(config)[1:]:
+  for phase in phases.of(config)[1:]:  # of() checks the table's form first
     try:
       validate(phase.config, mesh, num_hosts)
     except ValueError as e:

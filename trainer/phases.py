@@ -123,12 +123,11 @@ def at(phases: list[Phase], step: int) -> Phase:
   return next((p for p in phases if p.start <= step < p.end), phases[-1])
 
 
-def lengths(config: ml_collections.ConfigDict | dict) -> list[int]:
-  """Each phase's max_seq_length (a config, or a config.json's dict); [] without one."""
-  data = config['data']
-  if data.get('max_seq_length') is None:
+def lengths(config: ml_collections.ConfigDict) -> list[int]:
+  """Each phase's max_seq_length; [] for a config without one."""
+  if config.data.get('max_seq_length') is None:
     return []
-  return [data['max_seq_length']] + [entry[1] for entry in data.get('later_phases') or ()]
+  return [config.data.max_seq_length] + [entry[1] for entry in _later(config)]
 
 
 def trained_positions(workdir: str) -> int | None:
