@@ -1,6 +1,6 @@
 """The GPU path compiled on this CPU (aot.py; the train steps of both platforms in test_aot.py):
 jax's CUDA plugin describes the GPUs, nothing runs on one; the collective-time model; the cuDNN
-attention path checked against XLA's."""
+call's arguments checked against XLA's attention (whole models: test_fused_attention.py)."""
 
 import dataclasses
 
@@ -217,47 +217,3 @@ def test_cudnn_arguments_give_the_xla_paths_attention(name):
   # A mask that let one real query see one more key would differ.
   wrong = jax.nn.dot_product_attention(q, k, v, mask=mask.dense().at[:, :, 1, -1].set(True))
   assert not np.allclose(np.asarray(wrong)[real], np.asarray(expected)[real], atol=1e-3)
-
-
-@pytest.fixture
-def cudnn_on_xla(monkeypatch):
-  """jax.nn.dot_product_attention with implementation='cudnn' runs XLA's implementation."""
-  original = jax.nn.dot_product_attention
-  calls = []
-
-  def attention(*args, implementation=None, **kwargs):
-    calls.append(implementation)
-    return original(*args, implementation='xla' if implementation == 'cudnn' else implementation,
-                    **kwargs)
-
-  monkeypatch.setattr(jax.nn, 'dot_product_attention', attention)
-  return calls
-
-
-@pytest.mark.parametrize('module,packed', [(bert_base, False), (gpt, True), (gpt, False),
-                                           (transformer_wmt, True)],
-                         ids=['bert_padded', 'gpt_packed', 'gpt_rows', 'transformer_packed'])
-def test_models_call_cudnn_with_the_xla_paths_masks(module, packed, cudnn_on_xla):
-  import input_pipeline  # pylint: disable=g-import-not-at-top
-  config = module.get_config('tiny')
-  config.model.attention_dropout_rate = 0.0
-  model_module = __import__(f'models.{config.model_name}', fromlist=['Model'])
-  xla_cfg = trainer.checks.model_config(config, 'cpu')
-  # BERT's example rows end in padding; GPT's and the Transformer's hold several pieces.
-  batch = dict(input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2))
-  if module is gpt and not packed:
-    batch.pop('segment_ids')  # rows of one document: causal alone
-  outputs = {}
-  for kernel in ('xla', 'cudnn'):
-    model = model_module.Model(dataclasses.replace(xla_cfg, attention=kernel))
-    params = model.init(jax.random.key(0), batch)['params']
-    outputs[kernel] = model.apply({'params': params}, batch)
-  assert 'cudnn' in cudnn_on_xla
-  real = np.asarray(batch.get('input_mask', np.ones((2, 1)))) > 0
-  leaves = jax.tree.leaves(outputs['xla'])
-  assert leaves
-  for got, expected in zip(jax.tree.leaves(outputs['cudnn']), leaves):
-    got, expected = np.asarray(got), np.asarray(expected)
-    if got.shape[:2] == real.shape:  # padding's outputs are never read, and differ
-      got, expected = got[real], expected[real]
-    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
