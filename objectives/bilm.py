@@ -17,9 +17,12 @@ samples (always in eval) it is the full softmax over the vocabulary.
 Metrics are (sum, count) pairs, as in objectives/lm.py.
 """
 
+import math
 from typing import Mapping
 
+import flax.linen as nn
 import jax
+from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -58,18 +61,79 @@ def sampled_softmax_nll(states_ND: Array, kernel_VD: Array, bias_V: Array, targe
   makes the value grow like log K for K >> V when sampling with replacement.
   It is a training objective; report the full softmax in eval.
   """
+  N = targets_N.shape[0]
+  ids_R = jnp.concatenate([targets_N, sampled_ids_K])
+  rows_RD = take_rows(kernel_VD, ids_R, ('vocab', 'embed')).astype(jnp.float32)
+  bias_R = (take_rows(bias_V, ids_R, ('vocab',)).astype(jnp.float32)
+            - log_expected_counts_V[ids_R].astype(jnp.float32))
   states_ND = states_ND.astype(jnp.float32)
-  kernel_VD = kernel_VD.astype(jnp.float32)
-  log_q_V = log_expected_counts_V.astype(jnp.float32)
-  bias_V = bias_V.astype(jnp.float32)
-  true_N = (jnp.einsum('nd,nd->n', states_ND, kernel_VD[targets_N])
-            + bias_V[targets_N] - log_q_V[targets_N])
-  sampled_NK = (states_ND @ kernel_VD[sampled_ids_K].T
-                + (bias_V[sampled_ids_K] - log_q_V[sampled_ids_K])[None, :])
+  true_N = jnp.einsum('nd,nd->n', states_ND, rows_RD[:N]) + bias_R[:N]
+  sampled_NK = states_ND @ rows_RD[N:].T + bias_R[N:][None, :]
   hit_NK = sampled_ids_K[None, :] == targets_N[:, None]
   sampled_NK = jnp.where(hit_NK, _REMOVED_LOGIT, sampled_NK)
   logits_NK1 = jnp.concatenate([true_N[:, None], sampled_NK], axis=1)
   return jax.nn.logsumexp(logits_NK1, axis=1) - true_N
+
+
+def take_rows(table: Array, ids_R: Array, logical_axes: tuple[str, ...]) -> Array:
+  """table[ids_R], each device gathering from and adding gradients into its own block of the
+  table (`logical_axes`, the table's own, say which block that is).
+
+  Left to XLA, the sampled softmax's table moved whole every step at the paper's size
+  (793,471 x 512 floats, 1.7 GiB): the gradient of the gather, a scatter-add of the rows'
+  gradients, was made as a whole table on each device and all-reduced under data parallelism,
+  and under FSDP the table was all-gathered for the gather. Here only rows move: each device
+  gathers the rows in its block (summed over the blocks), and gets the R rows' summed
+  gradients and ids (an all-reduce of the samples' rows, an all-gather of the batch's
+  targets: megabytes) to add those in its block.
+  """
+  @jax.custom_vjp
+  def take(table, ids_R):
+    return _blockwise(_gather_block, table, ids_R, logical_axes)
+
+  def forward(table, ids_R):
+    return _blockwise(_gather_block, table, ids_R, logical_axes), ids_R
+
+  def backward(ids_R, grad_R):
+    zeros = jnp.zeros(table.shape, grad_R.dtype)  # a block of it per device: never made whole
+    return _blockwise(_scatter_block, zeros, ids_R, logical_axes, grad_R), None
+
+  take.defvjp(forward, backward)
+  return take(table, ids_R)
+
+
+def _gather_block(table_block, local_R, in_block_R, row_axes):
+  rows_R = jnp.where(in_block_R.reshape(-1, *(1,) * (table_block.ndim - 1)),
+                     table_block[jnp.where(in_block_R, local_R, 0)], 0)
+  return jax.lax.psum(rows_R, row_axes) if row_axes else rows_R
+
+
+def _scatter_block(zeros_block, local_R, in_block_R, row_axes, grad_R):
+  del row_axes
+  out_of_block = zeros_block.shape[0]  # dropped by the scatter
+  return zeros_block.at[jnp.where(in_block_R, local_R, out_of_block)].add(grad_R, mode='drop')
+
+
+def _blockwise(fn, table, ids_R, logical_axes, *rows):
+  """fn(table block, ids_R within the block, whether they are in it, the row axes, *rows) on
+  each device's block of `table` (sharded as `logical_axes` say), `rows` (R, ...) given with
+  the block's columns; the result is sharded as the table, or (R, ...) as the rows."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:  # one device, or outside a mesh
+    return fn(table, ids_R, jnp.ones(ids_R.shape, bool), (), *rows)
+  spec = nn.logical_to_mesh_axes(logical_axes)
+  row_axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+  block_rows = table.shape[0] // math.prod(mesh.shape[a] for a in row_axes)
+  rows_spec = P(None, *spec[1:])
+
+  def block(table_block, ids_R, *rows):
+    first = jax.lax.axis_index(row_axes) * block_rows if row_axes else 0
+    local_R = ids_R - first
+    return fn(table_block, local_R, (local_R >= 0) & (local_R < block_rows), row_axes, *rows)
+
+  out_spec = spec if rows else rows_spec
+  return jax.shard_map(block, mesh=mesh, in_specs=(spec, P()) + (rows_spec,) * len(rows),
+                       out_specs=out_spec, check_vma=False)(table, ids_R, *rows)
 
 
 # Rows of the full softmax per block: (rows, V) float32 logits of about 256 MB at most.

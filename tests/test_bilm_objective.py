@@ -1,11 +1,20 @@
 """Tests of the biLM loss and its sampled softmax (Peters et al. 2018, sec. 3.1; Jean et al. 2015)."""
 
+import re
+from unittest import mock
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
+import optax
+import pytest
 
+from configs import elmo as elmo_config
 from models import elmo
 from objectives import bilm
+from trainer import sharding
 
 B, L, V, D = 3, 5, 7, 4
 LENGTHS = np.array([5, 3, 1], np.int32)
@@ -199,3 +208,71 @@ def test_full_softmax_at_the_papers_size_fits_in_memory():
   temporaries = compiled.memory_analysis().temp_size_in_bytes
   print(f'full-softmax eval temporaries: {temporaries / 2**30:.2f} GiB for {rows} rows')
   assert temporaries < 4 * 2**30
+
+
+def _sampled_training(mesh_cfg, take_rows):
+  """A softmax table of 8,192 x 32 trained 3 Adagrad steps by the sampled softmax over batch-
+  sharded states on 8 devices; returns (the table and Adagrad's accumulators, the step's HLO)."""
+  vocab, dim, num_sampled = 8192, 32, 64
+  mesh = sharding.make_mesh(mesh_cfg, jax.devices())
+  rules = elmo_config.get_config('tiny').logical_axis_rules
+  keys = jax.random.split(jax.random.key(0), 4)
+  states_ND = jax.random.normal(keys[0], (64, dim))
+  targets_N = jax.random.randint(keys[1], (64,), 0, vocab)
+  params = {'kernel': jax.random.normal(keys[2], (vocab, dim)) * 0.1, 'bias': jnp.zeros(vocab)}
+  tx = optax.adagrad(0.2, initial_accumulator_value=1.0, eps=1e-7)
+
+  def step(params, opt_state, states_ND, targets_N, sampled_ids_K):
+    def loss(params):
+      with nn.logical_axis_rules(rules):
+        nll_N = bilm.sampled_softmax_nll(states_ND, params['kernel'], params['bias'], targets_N,
+                                         sampled_ids_K, jnp.zeros(vocab))
+      return nll_N.mean()
+    updates, opt_state = tx.update(jax.grad(loss)(params), opt_state)
+    return optax.apply_updates(params, updates), opt_state
+
+  with jax.set_mesh(mesh), mock.patch.object(bilm, 'take_rows', take_rows):
+    batch = jax.sharding.NamedSharding(mesh, P(sharding.BATCH_AXES))
+    states_ND, targets_N = jax.device_put(states_ND, batch), jax.device_put(targets_N, batch)
+    with nn.logical_axis_rules(rules):
+      table = nn.logical_to_mesh_sharding(P('vocab', 'embed'), mesh, rules)
+      params = {'kernel': jax.device_put(params['kernel'], table),
+                'bias': jax.device_put(params['bias'], nn.logical_to_mesh_sharding(
+                    P('vocab'), mesh, rules))}
+    opt_state = tx.init(params)
+    jitted = jax.jit(step)
+    hlo = jitted.lower(params, opt_state, states_ND, targets_N,
+                       jnp.arange(num_sampled)).compile().as_text()
+    for i in range(3):
+      sampled = jax.random.choice(jax.random.key(i), vocab, (num_sampled,), replace=False)
+      params, opt_state = jitted(params, opt_state, states_ND, targets_N, sampled)
+  return jax.device_get((params, opt_state)), hlo
+
+
+def _table_collectives(hlo):
+  """The collectives of the HLO whose result holds a whole column of the 8,192-row table."""
+  found = []
+  for line in hlo.splitlines():
+    match = re.search(r'=(.*?) (all-reduce|all-gather|reduce-scatter|collective-permute)'
+                      r'(-start)?\(', line)
+    if match and re.search(r'\[8192[,\]]', match.group(1)):
+      found.append(line)
+  return found
+
+
+@pytest.mark.parametrize('mesh_cfg', [(('data', 8), ('fsdp', 1), ('tensor', 1)),
+                                      (('data', 2), ('fsdp', 2), ('tensor', 2))],
+                         ids=['data', 'data_fsdp_tensor'])
+def test_sampled_softmax_trains_the_table_as_the_dense_gradient_without_moving_it(mesh_cfg):
+  """take_rows adds the rows' summed gradients into each device's block of the table; a plain
+  gather (whose gradient XLA makes a whole table per device, then all-reduces) trains alike."""
+  got, hlo = _sampled_training(mesh_cfg, bilm.take_rows)
+  expected, dense_hlo = _sampled_training(mesh_cfg, lambda table, ids_R, axes: table[ids_R])
+  for (path, g), e in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+  # Adagrad's accumulators (from 1.0) grew on the rows the samples and targets touched only.
+  touched = got[1][0].sum_of_squares['kernel'].max(axis=1) > 1.0
+  assert 64 < touched.sum() < 8192 - 3 * 64
+  assert not _table_collectives(hlo), _table_collectives(hlo)
+  if mesh_cfg[0][1] == 8:  # data parallel: the dense gradient is all-reduced whole
+    assert _table_collectives(dense_hlo)
