@@ -416,6 +416,29 @@ def collectives(hlo_text: str, chip: Chip | None = None, hosts: list[int] | None
   return found
 
 
+def collectives_by_op(hlo_text: str, top: int = 8) -> list[dict[str, Any]]:
+  """The `top` groups of a step's collectives by result bytes: kind, the jax operation that made
+  them (HLO op_name metadata, layer numbers folded into layer_N; 'backward' for the gradient's),
+  count and result bytes. Which part of the model a collective serves, and in which pass."""
+  groups: dict[tuple[str, str], list[int]] = {}
+  for _, shapes, opcode, attributes, times in hlo_instructions(hlo_text):
+    kind = opcode.removesuffix('-start')
+    if kind not in COLLECTIVES:
+      continue
+    if opcode.endswith('-start') and kind != 'all-reduce':
+      shapes = _top_level(shapes)[1]
+    name = re.search(r'op_name="([^"]*)"', attributes)
+    op = re.sub(r'layer_\d+', 'layer_N', name.group(1) if name else '?')
+    op = ('backward ' if 'transpose(' in op else '') + re.sub(r'[\w.]*\(|\)', '', op.split(
+        'jit(train_step)/', 1)[-1])
+    group = groups.setdefault((kind, op), [0, 0])
+    group[0] += times
+    group[1] += times * sum(_shape_bytes(shapes))
+  ranked = sorted(groups.items(), key=lambda item: -item[1][1])[:top]
+  return [{'kind': kind, 'op': op, 'count': count, 'bytes': size}
+          for (kind, op), (count, size) in ranked]
+
+
 def collective_seconds(found: dict[str, dict[str, Any]]) -> float:
   return sum(c['seconds'] for c in found.values())
 
@@ -589,6 +612,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'mfu_bound': model_flops / (step_seconds * peak),
       'mfu_bound_overlapped': model_flops / (max(compute_seconds, comm_seconds) * peak),
       'collectives': found,
+      'collectives_by_op': collectives_by_op(hlo),
       'compile_seconds': round(compile_seconds, 1),
       'examples_per_sec_per_host': batch_size / step_seconds / hosts,
   }
@@ -699,6 +723,9 @@ def print_table(report: dict[str, Any]) -> None:
   rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}, {c['seconds'] * 1e3:.1f} ms"
                   + (f" ({_gib(c['network_bytes'])} across nodes)" if c['network_bytes'] else ''))
            for kind, c in report['collectives'].items() if c['count']]
+  if FLAGS.collectives_by_op:
+    rows += [('  ' + c['kind'], f"{c['count']} ops, {c['bytes'] / 2 ** 20:.1f} MiB: {c['op']}")
+             for c in report['collectives_by_op']]
   if report['replicated_params']:
     rows.append(('unsharded params', ', '.join(report['replicated_params'])))
   if report['compiler_options']:
@@ -759,6 +786,8 @@ if __name__ == '__main__':
                       'or NVIDIA GPU nodes, GPU:NODESxGPUS or GPU:GPUS (a100, h100, h200).')
   flags.DEFINE_integer('phase', 0, 'The phase of the run (data.later_phases) to compile, from '
                        '1; 0 compiles each.')
+  flags.DEFINE_bool('collectives_by_op', False, "List the step's largest groups of collectives "
+                    'by the operation that made them (the HLO op_name) and pass.')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host "
                     '(data.workers processes, at least 1) and the workers a host needs.')

@@ -79,6 +79,7 @@ def test_attention_auto_takes_the_flash_kernel_on_tpu(module):
   assert report['attention'] == 'flash' and report['pallas_kernels'] > 0
 
 
+@pytest.mark.slow  # three compiles of a 2-layer BERT for a TPU
 def test_scanned_layers_are_costed_as_if_unrolled():
   config = _tiny(bert_base, 'data_fsdp')
   config.model.scan_layers = True  # XLA counts a loop body once
@@ -149,6 +150,27 @@ def test_collectives_are_counted_from_hlo_text():
   assert found['all-reduce'] == {'count': 2, 'bytes': 16 * 4 + 16 * 4}
   assert found['collective-permute'] == {'count': 1, 'bytes': 16}
   assert found['reduce-scatter']['count'] == found['all-to-all']['count'] == 0
+
+
+def test_collectives_are_grouped_by_the_operation_and_pass_that_made_them():
+  meta = lambda op: f', metadata={{op_name="jit(train_step)/{op}" stack_frame_id=3}}'  # noqa: E731
+  hlo = '\n'.join([
+      '  %cp1 = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start('
+      'bf16[64,8] %a)' + meta('transpose(jvp(Model))/layer_0/mlp/wi/dot_general'),
+      '  %cp2 = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start('
+      'bf16[64,8] %b)' + meta('transpose(jvp(Model))/layer_7/mlp/wi/dot_general'),
+      '  %cp3 = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start('
+      'bf16[64,8] %c)' + meta('jvp(Model)/layer_7/mlp/wi/dot_general'),
+      '  %ar = f32[100,10]{1,0} all-reduce(f32[100,10] %d), to_apply=%add'
+      + meta('transpose(jvp(Model))/token_embed/jit(_take)/scatter-add'),
+  ])
+  assert aot.collectives_by_op(hlo) == [
+      {'kind': 'all-reduce', 'op': 'backward Model/token_embed/_take/scatter-add', 'count': 1,
+       'bytes': 4000},
+      {'kind': 'collective-permute', 'op': 'backward Model/layer_N/mlp/wi/dot_general',
+       'count': 2, 'bytes': 2048},
+      {'kind': 'collective-permute', 'op': 'Model/layer_N/mlp/wi/dot_general', 'count': 1,
+       'bytes': 1024}]
 
 
 def test_an_unknown_topology_is_one_line():

@@ -58,6 +58,7 @@ def test_auto_attention_per_platform_dtype_and_head_width():
     trainer.checks.model_config(config, 'gpu')
 
 
+@pytest.mark.slow  # a 4-process, 32-GPU compile
 def test_two_nodes_send_the_data_axis_over_the_network_and_fsdp_over_nvlink():
   config = bert_base.get_config('tiny')
   config.mesh = (('data', 2), ('fsdp', 8), ('tensor', 1))  # fsdp inside a node, data across

@@ -4,11 +4,13 @@ import gzip
 import json
 
 import jax
+import pytest
 
 import bench
 from test_train import micro_config
 
 
+@pytest.mark.slow  # a timed benchmark of a real step
 def test_benchmark_reports_consistent_figures(shared_data_dir):
   config = micro_config(shared_data_dir)
   result = bench.benchmark(config, steps=2, warmup=1)

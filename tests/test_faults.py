@@ -133,6 +133,7 @@ def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys)
   assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
 
 
+@pytest.mark.slow  # fault injection (a NaN state), as the rest of the suite's
 def test_a_state_that_is_not_finite_is_never_saved(data_dir, tmp_path, monkeypatch):
   """Parameters that overflow while the loss and gradient norm stayed finite: the checkpoint
   of that step is refused; the last good one is named and kept."""

@@ -307,6 +307,7 @@ def test_user_errors_are_one_line():
     gpt.Model(_tiny(num_labels=2)).init(jax.random.key(0), {'input_ids': _ids(1, 8)})
 
 
+@pytest.mark.slow  # the fast tier's 1-vs-8-device check is BERT's (test_train.py)
 def test_sharded_gradients_and_sampling_equal_single_device():
   # A data x fsdp x tensor mesh over the 8 simulated devices, packed rows.
   from models import decoding  # pylint: disable=g-import-not-at-top

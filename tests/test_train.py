@@ -204,6 +204,7 @@ def test_resume_is_exact(data_dir, tmp_path, make_config):
   assert [losses('resumed')[s] for s in (2, 6)] == [losses('straight')[s] for s in (2, 6)]
 
 
+@pytest.mark.slow  # fault injection (a NaN loss)
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   config = micro_config(data_dir, num_steps=8, checkpoint_every=2)
   trainer.loop.train_and_evaluate(config, str(tmp_path), stop_after_steps=4)
@@ -221,6 +222,7 @@ def test_a_bad_eval_split_stops_the_run_before_it_trains(data_dir, tmp_path):
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
 
 
+@pytest.mark.slow  # an interrupted run, as the fault suite's
 def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_path):
   config = finetune_micro_config(data_dir, num_steps=4, checkpoint_every=4)
   trainer.loop.train_and_evaluate(config, str(tmp_path))

@@ -56,8 +56,8 @@ def test_sinusoids_are_the_papers_formula():
   np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
 
 
-@pytest.mark.parametrize('positions', ['sinusoidal',
-                                       pytest.param('learned', marks=pytest.mark.slow)])
+@pytest.mark.slow  # GPT's causality is checked in the fast tier (tests/test_gpt_model.py)
+@pytest.mark.parametrize('positions', ['sinusoidal', 'learned'])
 def test_decoder_is_causal(positions):
   """The logits at target position t do not move when any later input token changes (sec. 3.2.3)."""
   model = transformer.Model(_config(positions=positions))
@@ -143,7 +143,8 @@ def _trained_like_params(model, batch):
   return jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, params)
 
 
-@pytest.mark.parametrize('scan', [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the fast tier checks the cache in tests/test_decoding.py
+@pytest.mark.parametrize('scan', [False, True])
 def test_cached_decoding_equals_recomputation(scan):
   model = transformer.Model(_config(scan_layers=scan))
   source = _ids(3, 6, seed=5).at[1, 4:].set(0)
@@ -180,6 +181,7 @@ def test_cached_decoding_equals_recomputation(scan):
     np.testing.assert_allclose(logits, expected[:, t], atol=1e-3, rtol=1e-4)  # logits up to ~40
 
 
+@pytest.mark.slow  # the fast tier checks the shared beam search on CoVe (tests/test_cove.py)
 def test_beam_of_one_is_greedy_search():
   model = transformer.Model(_config())
   source = _ids(3, 6, seed=6)
