@@ -379,6 +379,21 @@ def _top_level(shapes: str) -> list[str]:
   return members
 
 
+def _collective_ops(hlo_text: str) -> list[tuple[str, int, str, int]]:
+  """(kind, result bytes, attributes, times run) of each collective a step runs."""
+  found = []
+  for _, shapes, opcode, attributes, times in hlo_instructions(hlo_text):
+    kind = opcode.removesuffix('-start')
+    if kind not in COLLECTIVES:
+      continue
+    # An async start's shape is (operands, results[, context]): the results are the data; an
+    # all-reduce-start's is its results alone.
+    if opcode.endswith('-start') and kind != 'all-reduce':
+      shapes = _top_level(shapes)[1]
+    found.append((kind, sum(_shape_bytes(shapes)), attributes, times))
+  return found
+
+
 def collectives(hlo_text: str, chip: Chip | None = None, hosts: list[int] | None = None
                 ) -> dict[str, dict[str, Any]]:
   """Count and result bytes of each collective that a step runs, from compiled HLO text (a loop
@@ -392,15 +407,7 @@ def collectives(hlo_text: str, chip: Chip | None = None, hosts: list[int] | None
   """
   found = {kind: {'count': 0, 'bytes': 0, 'seconds': 0.0, 'network_bytes': 0}
            for kind in COLLECTIVES}
-  for _, shapes, opcode, attributes, times in hlo_instructions(hlo_text):
-    kind = opcode.removesuffix('-start')
-    if kind not in found:
-      continue
-    # An async start's shape is (operands, results[, context]): the results are the data; an
-    # all-reduce-start's is its results alone.
-    if opcode.endswith('-start') and kind != 'all-reduce':
-      shapes = _top_level(shapes)[1]
-    size = sum(_shape_bytes(shapes))
+  for kind, size, attributes, times in _collective_ops(hlo_text):
     found[kind]['count'] += times
     found[kind]['bytes'] += times * size
     if chip is None or hosts is None:
@@ -421,19 +428,14 @@ def collectives_by_op(hlo_text: str, top: int = 8) -> list[dict[str, Any]]:
   them (HLO op_name metadata, layer numbers folded into layer_N; 'backward' for the gradient's),
   count and result bytes. Which part of the model a collective serves, and in which pass."""
   groups: dict[tuple[str, str], list[int]] = {}
-  for _, shapes, opcode, attributes, times in hlo_instructions(hlo_text):
-    kind = opcode.removesuffix('-start')
-    if kind not in COLLECTIVES:
-      continue
-    if opcode.endswith('-start') and kind != 'all-reduce':
-      shapes = _top_level(shapes)[1]
+  for kind, size, attributes, times in _collective_ops(hlo_text):
     name = re.search(r'op_name="([^"]*)"', attributes)
     op = re.sub(r'layer_\d+', 'layer_N', name.group(1) if name else '?')
     op = ('backward ' if 'transpose(' in op else '') + re.sub(r'[\w.]*\(|\)', '', op.split(
         'jit(train_step)/', 1)[-1])
     group = groups.setdefault((kind, op), [0, 0])
     group[0] += times
-    group[1] += times * sum(_shape_bytes(shapes))
+    group[1] += times * size
   ranked = sorted(groups.items(), key=lambda item: -item[1][1])[:top]
   return [{'kind': kind, 'op': op, 'count': count, 'bytes': size}
           for (kind, op), (count, size) in ranked]
