@@ -614,7 +614,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'mfu_bound': model_flops / (step_seconds * peak),
       'mfu_bound_overlapped': model_flops / (max(compute_seconds, comm_seconds) * peak),
       'collectives': found,
-      'collectives_by_op': collectives_by_op(hlo),
+      'collectives_by_op': collectives_by_op(hlo, top=20),
       'compile_seconds': round(compile_seconds, 1),
       'examples_per_sec_per_host': batch_size / step_seconds / hosts,
   }
@@ -691,7 +691,8 @@ def _gib(n: float) -> str:
   return f'{n / GiB:.2f} GiB'
 
 
-def print_table(report: dict[str, Any]) -> None:
+def print_table(report: dict[str, Any], by_op: int = 0) -> None:
+  """The report as aligned rows; `by_op` > 0 adds that many groups of collectives by op."""
   unit = 'GPU' if report['platform'] == 'gpu' else 'chip'
   kernels = {'flash': f"{report['pallas_kernels']} Pallas calls",
              'cudnn': f"{report['cudnn_attention_calls']} cuDNN calls"}
@@ -725,9 +726,8 @@ def print_table(report: dict[str, Any]) -> None:
   rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}, {c['seconds'] * 1e3:.1f} ms"
                   + (f" ({_gib(c['network_bytes'])} across nodes)" if c['network_bytes'] else ''))
            for kind, c in report['collectives'].items() if c['count']]
-  if FLAGS.collectives_by_op:
-    rows += [('  ' + c['kind'], f"{c['count']} ops, {c['bytes'] / 2 ** 20:.1f} MiB: {c['op']}")
-             for c in report['collectives_by_op']]
+  rows += [('  ' + c['kind'], f"{c['count']} ops, {c['bytes'] / 2 ** 20:.1f} MiB: {c['op']}")
+           for c in report['collectives_by_op'][:by_op]]
   if report['replicated_params']:
     rows.append(('unsharded params', ', '.join(report['replicated_params'])))
   if report['compiler_options']:
@@ -758,7 +758,7 @@ def main(argv):
       print(f'== {phase.describe(count)}')
     report = phase_report(phase.config)
     report['phase'] = phase.index + 1
-    print_table(report)
+    print_table(report, FLAGS.collectives_by_op)
     print(json.dumps(report), flush=True)
 
 
@@ -788,8 +788,8 @@ if __name__ == '__main__':
                       'or NVIDIA GPU nodes, GPU:NODESxGPUS or GPU:GPUS (a100, h100, h200).')
   flags.DEFINE_integer('phase', 0, 'The phase of the run (data.later_phases) to compile, from '
                        '1; 0 compiles each.')
-  flags.DEFINE_bool('collectives_by_op', False, "List the step's largest groups of collectives "
-                    'by the operation that made them (the HLO op_name) and pass.')
+  flags.DEFINE_integer('collectives_by_op', 0, "List the step's N largest groups of collectives "
+                       '(up to 20) by the operation that made them (the HLO op_name) and pass.')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host "
                     '(data.workers processes, at least 1) and the workers a host needs.')

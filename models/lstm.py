@@ -76,7 +76,6 @@ class LSTM(nn.Module):
                                 self.kernel_init or nn.initializers.glorot_uniform(),
                                 (S, P), ('cell', 'embed'))
       projection_kernel = projection_kernel.astype(self.dtype)
-      projection_kernel = nn.with_logical_constraint(projection_kernel, ('cell', None))
 
     x_BLD = nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
     if self.reverse:
@@ -89,6 +88,8 @@ class LSTM(nn.Module):
     # them inside the loop, once per time step (ELMo at fsdp=16: 1.3 GiB per step, not 64 MiB).
     recurrent_kernel = nn.with_logical_constraint(recurrent_kernel.astype(self.dtype),
                                                   (None, None, 'cell'))
+    if projection_kernel is not None:
+      projection_kernel = nn.with_logical_constraint(projection_kernel, ('cell', None))
     h_LBP = _recurrence(z_LBGS, valid_LB, recurrent_kernel, projection_kernel,
                         self.forget_bias, self.cell_clip, self.proj_clip)
     h_BLP = nn.with_logical_constraint(h_LBP.transpose(1, 0, 2), ('batch', 'length', 'act_embed'))

@@ -76,29 +76,26 @@ def sampled_softmax_nll(states_ND: Array, kernel_VD: Array, bias_V: Array, targe
 
 
 def take_rows(table: Array, ids_R: Array, logical_axes: tuple[str, ...]) -> Array:
-  """table[ids_R], each device gathering from and adding gradients into its own block of the
-  table (`logical_axes`, the table's own, say which block that is).
+  """table[ids_R], each device gathering from, and adding the gradient into, its own block.
 
-  Left to XLA, the sampled softmax's table moved whole every step at the paper's size
-  (793,471 x 512 floats, 1.7 GiB): the gradient of the gather, a scatter-add of the rows'
-  gradients, was made as a whole table on each device and all-reduced under data parallelism,
-  and under FSDP the table was all-gathered for the gather. Here only rows move: each device
-  gathers the rows in its block (summed over the blocks), and gets the R rows' summed
-  gradients and ids (an all-reduce of the samples' rows, an all-gather of the batch's
-  targets: megabytes) to add those in its block.
+  Left to XLA, the gradient of the gather (a scatter-add) was made whole on each chip and
+  summed over them: ELMo's 793,471 x 512 table, 1.7 GiB of all-reduce per step. Here only the
+  rows' gradients and ids travel. `logical_axes` name the table's sharding.
   """
-  @jax.custom_vjp
-  def take(table, ids_R):
-    return _blockwise(_gather_block, table, ids_R, logical_axes)
+  mesh = jax.sharding.get_abstract_mesh()
+  # Read now: the gradient is traced after the caller's axis rules may have been left.
+  spec = None if mesh.empty else nn.logical_to_mesh_axes(logical_axes)
+  rows_spec = None if spec is None else P(None, *spec[1:])
 
-  def forward(table, ids_R):
-    return _blockwise(_gather_block, table, ids_R, logical_axes), ids_R
+  def gather(table, ids_R):
+    return _blockwise(_gather_block, mesh, spec, rows_spec, table, ids_R)
 
   def backward(ids_R, grad_R):
-    zeros = jnp.zeros(table.shape, grad_R.dtype)  # a block of it per device: never made whole
-    return _blockwise(_scatter_block, zeros, ids_R, logical_axes, grad_R), None
+    zeros = jnp.zeros(table.shape, grad_R.dtype)  # made block by block, in the table's sharding
+    return _blockwise(_scatter_block, mesh, spec, spec, zeros, ids_R, grad_R), None
 
-  take.defvjp(forward, backward)
+  take = jax.custom_vjp(gather)
+  take.defvjp(lambda table, ids_R: (gather(table, ids_R), ids_R), backward)
   return take(table, ids_R)
 
 
@@ -114,25 +111,19 @@ def _scatter_block(zeros_block, local_R, in_block_R, row_axes, grad_R):
   return zeros_block.at[jnp.where(in_block_R, local_R, out_of_block)].add(grad_R, mode='drop')
 
 
-def _blockwise(fn, table, ids_R, logical_axes, *rows):
-  """fn(table block, ids_R within the block, whether they are in it, the row axes, *rows) on
-  each device's block of `table` (sharded as `logical_axes` say), `rows` (R, ...) given with
-  the block's columns; the result is sharded as the table, or (R, ...) as the rows."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:  # one device, or outside a mesh
+def _blockwise(fn, mesh, spec, out_spec, table, ids_R, *rows):
+  """fn(block, ids_R in block coordinates, which are in it, row axes, *rows) on each block."""
+  if spec is None:  # one device, or outside a mesh
     return fn(table, ids_R, jnp.ones(ids_R.shape, bool), (), *rows)
-  spec = nn.logical_to_mesh_axes(logical_axes)
   row_axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
   block_rows = table.shape[0] // math.prod(mesh.shape[a] for a in row_axes)
-  rows_spec = P(None, *spec[1:])
 
-  def block(table_block, ids_R, *rows):
+  def block(table_block, ids_R, *rows):  # rows arrive with the block's columns
     first = jax.lax.axis_index(row_axes) * block_rows if row_axes else 0
     local_R = ids_R - first
     return fn(table_block, local_R, (local_R >= 0) & (local_R < block_rows), row_axes, *rows)
 
-  out_spec = spec if rows else rows_spec
-  return jax.shard_map(block, mesh=mesh, in_specs=(spec, P()) + (rows_spec,) * len(rows),
+  return jax.shard_map(block, mesh=mesh, in_specs=(spec, P()) + (P(None, *spec[1:]),) * len(rows),
                        out_specs=out_spec, check_vma=False)(table, ids_R, *rows)
 
 

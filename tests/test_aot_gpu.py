@@ -11,8 +11,6 @@ import pytest
 
 import aot
 from configs import bert_base
-from configs import gpt
-from configs import transformer_wmt
 from models import layers
 import trainer.checks
 

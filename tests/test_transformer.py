@@ -56,8 +56,8 @@ def test_sinusoids_are_the_papers_formula():
   np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
 
 
-@pytest.mark.slow  # GPT's causality is checked in the fast tier (tests/test_gpt_model.py)
-@pytest.mark.parametrize('positions', ['sinusoidal', 'learned'])
+@pytest.mark.parametrize('positions', ['sinusoidal',
+                                       pytest.param('learned', marks=pytest.mark.slow)])
 def test_decoder_is_causal(positions):
   """The logits at target position t do not move when any later input token changes (sec. 3.2.3)."""
   model = transformer.Model(_config(positions=positions))
