@@ -260,6 +260,7 @@ def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: lis
 
 def main(argv):
   del argv
+  cli.skip_absent_accelerators()
   # Before JAX's backend starts.
   # The input alone is measured as an accelerator host makes it, with glibc's defaults.
   keeps_freed_memory = (flags.FLAGS.keep_freed_memory and not flags.FLAGS.input_only

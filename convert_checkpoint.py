@@ -455,6 +455,7 @@ def export_hf(workdir: str, output: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cli.skip_absent_accelerators()
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS

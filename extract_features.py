@@ -71,6 +71,7 @@ from models import bert
 from models import bert_feature_tagger
 from models import cove
 from models import elmo
+from trainer import cli
 from trainer import phases
 import trainer.state
 
@@ -384,6 +385,7 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cli.skip_absent_accelerators()
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS

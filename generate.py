@@ -21,6 +21,7 @@ import numpy as np
 
 from models import decoding
 from models import gpt
+from trainer import cli
 import trainer.state
 
 
@@ -60,6 +61,7 @@ def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperatu
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cli.skip_absent_accelerators()
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS

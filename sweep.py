@@ -444,6 +444,7 @@ def prepare(spec: str, workdir: str) -> list[tuple[str, int, list[Run]]]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cli.skip_absent_accelerators()
   if not FLAGS.workdir or (not FLAGS.sweep and not FLAGS.summarize):
     sys.exit('sweep.py: error: pass --sweep=configs/sweeps/<name>.py --workdir=DIR '
              '(or --summarize --workdir=DIR).')

@@ -6,9 +6,10 @@ Running the same command on the same workdir resumes from its last checkpoint.
 
 What a run does, and where (trainer/ unless named otherwise):
 
-  1. checks.py        the config is checked, each mistake in one line naming the
-                      fix, before anything is read or compiled; model fields left
-                      unset come from the run it resumes or starts from
+  1. checks.py        the config is checked (every field's range: ranges.py), each
+                      mistake in one line naming the fix, before anything is read or
+                      compiled; model fields left unset come from the run it resumes
+                      or starts from
   2. sharding.py      the mesh (data x fsdp x tensor) over every device
   3. input_pipeline/  the tokenizer; this host's rows of every global batch
   4. state.py         models.<model_name>.Model, objectives.<objective>, the
@@ -17,10 +18,12 @@ What a run does, and where (trainer/ unless named otherwise):
   5. checkpoints.py   the newest checkpoint that restores, with the data position
   6. loop.py          the steps, phase by phase (phases.py: BERT's 128 then 512
                       tokens); logs (metric_writer.py), evals (evaluation.py)
-                      and checkpoints on the way; SIGTERM saves, then exits
+                      and checkpoints on the way; SIGTERM and Ctrl-C save, then exit 0
+                      (a second Ctrl-C stops at once, keeping the newest complete checkpoint)
 """
 
 import os
+import signal
 import sys
 
 from absl import app
@@ -41,6 +44,7 @@ from trainer import steps
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cli.skip_absent_accelerators()
   if flags.FLAGS.keep_freed_memory:
     host_memory.keep_freed_memory()  # before JAX's backend starts
   # Read by JAX's GPU client when it starts; nothing on CPU or TPU.
@@ -60,6 +64,12 @@ def main(argv):
     sys.exit(f'train.py: error: {e}')
   except (FloatingPointError, checkpoints.WriteError, workers.WorkersDied) as e:
     sys.exit(f'train.py: stopped: {e}')
+  except KeyboardInterrupt:  # before the first step, or a second Ctrl-C (loop.StopRequested)
+    newest = checkpoints.newest_step(workdir)
+    kept = (f'the newest complete checkpoint is step {newest} in {workdir}, and the same command '
+            'resumes from it' if newest is not None else 'no checkpoint was written yet')
+    print(f'train.py: stopped at once by Ctrl-C: {kept}.', file=sys.stderr, flush=True)
+    sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == '__main__':

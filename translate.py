@@ -18,11 +18,13 @@ from absl import flags
 
 from models.decoding import translate
 from objectives.seq2seq import bleu
+from trainer import cli
 from trainer.state import load_trained
 
 
 def main(argv):
   del argv
+  cli.skip_absent_accelerators()
   f = flags.FLAGS
   try:
     config, model, params, tokenizer = load_trained(f.workdir, ('transformer', 'cove'),

@@ -53,9 +53,6 @@ SCORED = ('gpt_finetune', 'bert_finetune', 'squad')
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Rejects a config whose model or train fields cannot work with its pipeline, in one line."""
   module = _pipeline(config.data)
-  if config.data.get('workers', 0) < -1:
-    raise ValueError(f'config.data.workers={config.data.workers}: use 0 or more processes, or -1 '
-                     'for as many as the host suits.')
   if config.train.eval_steps == 0 and config.data.pipeline not in _EVAL_PASS:
     raise ValueError(f'train.eval_steps=0 (one eval pass) needs a pipeline with a fixed eval '
                      f'split ({", ".join(_EVAL_PASS)}): set train.eval_steps to a number of '

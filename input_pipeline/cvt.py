@@ -67,9 +67,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if tuple(config.loss.get('tasks', ())) != tuple(data.tasks):
     raise ValueError(f'config.loss.tasks={tuple(config.loss.get("tasks", ()))} differs from '
                      f'data.tasks={tuple(data.tasks)}: set them to the same names.')
-  if data.unlabeled_ratio < 0:
-    raise ValueError(f'data.unlabeled_ratio={data.unlabeled_ratio}: use 0 (supervised only) '
-                     'or more unlabeled batches per labeled one.')
   chunked.validate(data, config.train.batch_size)
 
 

@@ -1,10 +1,20 @@
 """Every mistake a user can make stops train.py with one line naming the fix, before compiling."""
 
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from configs import bert_finetune as bert_finetune_config
+from configs import elmo as elmo_config
+from configs import gpt as gpt_config
+from configs.bert_base import get_config as bert_config
+from trainer import checkpoints
+from trainer import checks
+from trainer import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,14 +104,126 @@ def test_empty_source(tmp_path):
     ('configs/gpt_finetune.py:nosuch,tiny', (), "Unknown task 'nosuch'"),
     ('configs/gpt_finetune.py:sst2,huge', (), "Unknown size 'huge'"),
     ('configs/gpt_finetune.py:offline_shuffled,tiny', ('--config.init_from=/nonexistent',),
-     'holds no checkpoint'),
+     "config.init_from='/nonexistent' is not a directory (nothing is there)"),
     ('configs/gpt.py:tiny', ('--config.data.tokenizer=sentencepiece',),
-     "Unknown data.tokenizer 'sentencepiece'"),
+     "data.tokenizer='sentencepiece' is not a tokenizer this code knows"),
     ('configs/gpt.py:tiny', ('--config.optimizer.schedule=step',), 'use one of linear, cosine, constant'),
     ('configs/gpt.py:tiny', ('--config.model.head=pool',), "model.head='pool'"),
-    ('configs/gpt.py:tiny', ('--config.data.pipeline=elmo',), "Unknown data.pipeline 'elmo'"),
+    ('configs/gpt.py:tiny', ('--config.data.pipeline=elmo',), "data.pipeline='elmo' is not a pipeline"),
 ])
 def test_gpt_config_errors(tmp_path, config, overrides, expected):
   line = error_line(run_train(tmp_path, *overrides, config=config))
   assert expected in line, line
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+
+
+def test_without_an_accelerator_the_plugins_say_nothing(tmp_path):
+  """requirements-dev.txt installs libtpu and the CUDA plugin. On a machine with neither chip
+  (and JAX_PLATFORMS unset) train.py leaves JAX on the CPU, so a bad value gives its one line
+  and nothing else: no libtpu E0000 lines, no cuInit traceback."""
+  pytest.importorskip('libtpu')
+  if not host_memory.cpu_backend_expected():
+    pytest.skip('this machine has an accelerator')
+  env = {k: v for k, v in os.environ.items() if k not in ('JAX_PLATFORMS', 'XLA_FLAGS')}
+  result = subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/gpt.py:tiny', f'--workdir={tmp_path}',
+       '--config.optimizer.learning_rate=-2.5e-4'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1
+  assert result.stderr.splitlines() == [
+      'train.py: error: optimizer.learning_rate=-0.00025 is outside (0, inf) (a positive '
+      'number): set a value in (0, inf).'], result.stderr[-3000:]
+
+
+def bert_run(workdir, checkpoint=True, config=None):
+  """A workdir as a run (BERT tiny's) leaves it: config.json, and a checkpoint directory (or
+  only a save's temporary one)."""
+  config = config or bert_config('tiny')
+  os.makedirs(workdir / 'checkpoints' / ('4' if checkpoint else '4.orbax-checkpoint-tmp'))
+  (workdir / 'config.json').write_text(config.to_json_best_effort(), encoding='utf-8')
+
+
+def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
+  bert_run(tmp_path / 'bert')
+  with pytest.raises(ValueError, match=re.escape(
+      f'--workdir={tmp_path / "bert"} holds a bert run (objective mlm_nsp) and this config trains '
+      'gpt (lm): pass a new --workdir for this run, or give the config that run was started '
+      'with to resume it.')):
+    checks.check_run_directories(gpt_config.get_config('tiny'), str(tmp_path / 'bert'))
+  config = bert_config('tiny')
+  config.data.tokenizer = 'bpe'
+  with pytest.raises(ValueError, match=re.escape(
+      'holds a checkpoint of a run with data.tokenizer=wordpiece and this config has bpe, so it '
+      'cannot resume it: pass a new --workdir for this run, or set --config.data.tokenizer='
+      'wordpiece to resume that run.')):
+    checks.check_run_directories(config, str(tmp_path / 'bert'))
+  bert_run(tmp_path / 'elmo', config=elmo_config.get_config('tiny'))
+  config = elmo_config.get_config('tiny')
+  config.optimizer.name = 'sgd'
+  with pytest.raises(ValueError, match='optimizer.name=adagrad and this config has sgd'):
+    checks.check_run_directories(config, str(tmp_path / 'elmo'))
+  # What may change on resuming (rates, dtype, the number of steps) is no other run.
+  config = bert_config('tiny')
+  config.model.dropout_rate, config.train.num_steps, config.model.dtype = 0.0, 900, 'float32'
+  checks.check_run_directories(config, str(tmp_path / 'bert'))
+  # A run that stopped before its first checkpoint (only a save's temporary directory) is
+  # started afresh with any optimizer.
+  bert_run(tmp_path / 'unsaved', checkpoint=False, config=elmo_config.get_config('tiny'))
+  config = elmo_config.get_config('tiny')
+  config.optimizer.name = 'sgd'
+  checks.check_run_directories(config, str(tmp_path / 'unsaved'))
+
+
+def test_a_checkpoint_of_other_parameters_is_named_before_it_is_read(tmp_path):
+  (tmp_path / 'config.json').write_text(bert_config('tiny').to_json_best_effort())
+  params = {'embed': {'table': np.zeros((8, 4), np.float32)},
+            'layer_0': {'kernel': np.zeros((4, 4), np.float32)}}
+  mngr = checkpoints.manager(str(tmp_path), 1)
+  checkpoints.save(mngr, 4, {'step': 4, 'params': params}, {0: {}}, 1)
+  mngr.wait_until_finished()
+  checks.check_resumable_params(bert_config('tiny'), str(tmp_path), params)
+  wider = bert_config('tiny')
+  wider.model.hidden_size = 8
+  with pytest.raises(ValueError, match=re.escape(
+      f'--workdir={tmp_path} holds a checkpoint that cannot be resumed with this config: it has '
+      'embed/table of shape (8, 4) where this config makes (8, 8) (its run had '
+      'model.hidden_size=128): pass a new --workdir for this run, or the config it was started '
+      'with to resume it.')):
+    checks.check_resumable_params(wider, str(tmp_path), {
+        'embed': {'table': np.zeros((8, 8))}, 'layer_0': {'kernel': np.zeros((4, 4))}})
+  deeper = dict(params, layer_1={'kernel': np.zeros((4, 4))})
+  with pytest.raises(ValueError, match='it lacks the parameter layer_1/kernel this config has:'):
+    checks.check_resumable_params(bert_config('tiny'), str(tmp_path), deeper)
+
+
+def test_an_init_from_that_is_not_a_finished_run_is_named_as_such(tmp_path):
+  config = bert_finetune_config.get_config('offline_shuffled')
+  workdir = str(tmp_path / 'finetune')
+
+  def error(init_from):
+    config.init_from = str(init_from)
+    with pytest.raises(ValueError) as raised:
+      checks.check_run_directories(config, workdir)
+    return str(raised.value)
+
+  assert error(tmp_path / 'nothing') == (
+      f"config.init_from='{tmp_path / 'nothing'}' is not a directory (nothing is there): point "
+      'config.init_from at the workdir of a pretraining run.')
+  (tmp_path / 'file').write_text('{}', encoding='utf-8')
+  assert 'is not a directory: point' in error(tmp_path / 'file')
+  (tmp_path / 'empty').mkdir()
+  assert error(tmp_path / 'empty') == (
+      f"config.init_from='{tmp_path / 'empty'}' has no config.json and no complete checkpoint "
+      'in checkpoints/, so it is not a finished run: point config.init_from at the workdir of a '
+      'pretraining run (or run that pretraining to its first checkpoint).')
+  bert_run(tmp_path / 'unsaved', checkpoint=False)
+  assert 'has no complete checkpoint in checkpoints/, so' in error(tmp_path / 'unsaved')
+  gpt_run = tmp_path / 'gpt'
+  gpt_run.mkdir()
+  (gpt_run / 'config.json').write_text(gpt_config.get_config('tiny').to_json_best_effort())
+  os.makedirs(gpt_run / 'checkpoints' / '8')
+  assert error(gpt_run) == (f"config.init_from='{gpt_run}' is a 'gpt' run and this config "
+                            "trains 'bert': start from a 'bert' run.")
+  bert_run(tmp_path / 'bert')
+  config.init_from = str(tmp_path / 'bert')
+  checks.check_run_directories(config, workdir)

@@ -381,10 +381,10 @@ def test_init_from_fills_the_bert_subtree(bert_run, tmp_path):
   config = ml_collections.ConfigDict({
       'model_name': 'bert_feature_tagger', 'init_from': workdir, 'model': TAGGER,
       'data': {'tokenizer': 'wordpiece', 'lower_case': True}})
-  trainer.checks.check_init_from(config, str(tmp_path))
+  trainer.checks.check_init_from(config)
   config.model.hidden_size = 64
   with pytest.raises(ValueError, match='hidden_size'):
-    trainer.checks.check_init_from(config, str(tmp_path))
+    trainer.checks.check_init_from(config)
 
 
 @pytest.mark.slow  # trainer.state.create_state compiles the initializers: 10 s of CPU

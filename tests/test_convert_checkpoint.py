@@ -180,7 +180,7 @@ def test_converted_workdir_is_a_pretraining_workdir(hf_bert, bert_workdir, tmp_p
   config.init_from = bert_workdir
   run = str(tmp_path / 'run')
   trainer.checks.inherit_unset_fields(config, run)
-  trainer.checks.check_init_from(config, run)
+  trainer.checks.check_init_from(config)
   assert config.model.hidden_size == 32 and config.data.lower_case is False
   model = bert.Model(trainer.checks.model_config(config))
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)
@@ -381,7 +381,7 @@ def test_gpt_hidden_states_and_tokenizer_match_transformers(hf_gpt, tmp_path):
   finetune = gpt_finetune_configs.get_config('offline_shuffled')
   finetune.init_from = str(tmp_path / 'run')
   trainer.checks.inherit_unset_fields(finetune, str(tmp_path / 'finetuned'))
-  trainer.checks.check_init_from(finetune, str(tmp_path / 'finetuned'))
+  trainer.checks.check_init_from(finetune)
   assert finetune.model.vocab_size == V + 5 and finetune.data.lower_case is True
 
 

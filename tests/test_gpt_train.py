@@ -130,9 +130,9 @@ def test_init_from_with_another_size_is_one_clear_line(pretrained, data_dir, tmp
   config.data.data_dir = data_dir
   with pytest.raises(ValueError, match=r'config.model.vocab_size=16384 but the run in '
                      r'config.init_from has model.vocab_size=4096: pick the size'):
-    trainer.checks.check_init_from(config, str(tmp_path))
+    trainer.checks.check_init_from(config)
   with pytest.raises(ValueError, match='the workdir itself'):
-    trainer.checks.check_init_from(config, pretrained)
+    trainer.checks.check_run_directories(config, pretrained)
 
 
 @pytest.mark.slow

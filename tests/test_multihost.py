@@ -17,13 +17,15 @@ def free_port():
     return s.getsockname()[1]
 
 
-def run_hosts(workdir, data_dir, files, stop_after, hosts=2):
-  """Runs the worker as `hosts` processes of 4 // hosts CPU devices each; their RESULT lines."""
+def run_hosts(workdir, data_dir, files, stop_after, hosts=2, interrupts=()):
+  """Runs the worker as `hosts` processes of 4 // hosts CPU devices each; their RESULT lines.
+  `interrupts`: per host, the step after which it gets a Ctrl-C (0: none)."""
   port = free_port()
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={4 // hosts}',
              JAX_PLATFORMS='cpu')
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multihost_worker.py'), str(port),
-                             str(i), str(hosts), workdir, data_dir, files, str(stop_after)],
+                             str(i), str(hosts), workdir, data_dir, files, str(stop_after)]
+                            + ([str(interrupts[i])] if interrupts else []),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(hosts)]
   outputs = [p.communicate(timeout=400)[0] for p in procs]
@@ -71,3 +73,20 @@ def test_a_two_host_run_resumes_on_one_host(tmp_path):
   # A shard that was not read would change the parameters far more than that.
   other = run_hosts(str(tmp_path / 'other'), data_dir, files, stop_after=0, hosts=1)
   assert checksum(other[0]) != pytest.approx(checksum(straight[0]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_one_host_stops_every_host_at_the_same_step(tmp_path):
+  """A Ctrl-C that reaches host 1 alone after step 3: the hosts agree at the next logging step
+  (every 2 steps), so both save step 4 and return; resumed, the run ends as a run never
+  stopped."""
+  corpus, data_dir = _corpus(tmp_path), str(tmp_path / 'data')
+  stopped = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=0, interrupts=(0, 3))
+  assert all('step=4 devices=4' in line for line in stopped), stopped
+  assert sorted(os.listdir(tmp_path / 'run' / 'checkpoints')) == ['4']
+  resumed = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=0, interrupts=(0, 0))
+  straight = run_hosts(str(tmp_path / 'straight'), data_dir, corpus, stop_after=0,
+                       interrupts=(0, 0))
+  assert all('step=6 devices=4' in line for line in resumed + straight), resumed + straight
+  checksum = lambda line: line.split('checksum=')[1]
+  assert [checksum(l) for l in resumed] == [checksum(l) for l in straight]

@@ -1,12 +1,21 @@
-"""SIGTERM (a preemption) saves a checkpoint before train.py exits; the same command resumes."""
+"""SIGTERM (a preemption) and Ctrl-C save a checkpoint before train.py exits (or a notebook's
+call returns); the same command resumes, bitwise as if never stopped."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
+
+from test_faults import ENV, assert_same_arrays, saved_state
+from test_faults import command as run_command
+from test_train import micro_config
+import trainer.loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,6 +90,187 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
   assert proc.returncode == 0
 
 
+def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed_again():
+  stop = trainer.loop.StopRequested()
+  with pytest.raises(KeyboardInterrupt):  # compiling, before any step: nothing to save
+    stop(signal.SIGINT, None)
+  assert not stop.flag
+  stop.trained = True
+  stop(signal.SIGINT, None)
+  assert stop.flag and stop.describe() == 'Ctrl-C'
+  with pytest.raises(KeyboardInterrupt):
+    stop(signal.SIGINT, None)
+  term = trainer.loop.StopRequested()
+  term(signal.SIGTERM, None)
+  term(signal.SIGTERM, None)  # a preemption's repeated SIGTERM waits for the save
+  assert term.flag and term.describe() == 'SIGTERM'
+
+
+def test_a_second_ctrl_c_while_saving_waits_for_the_save(capfd):
+  stop = trainer.loop.StopRequested()
+  stop.trained = True
+  stop(signal.SIGINT, None)
+  finished = False
+  with pytest.raises(KeyboardInterrupt):
+    with stop.deferred():
+      stop(signal.SIGINT, None)  # neither raises inside: the save goes on
+      stop(signal.SIGINT, None)
+      finished = True
+  assert finished
+  err = capfd.readouterr().err
+  assert err.count('Ctrl-C: the run stops once the checkpoint being written') == 1, err
+  fresh = trainer.loop.StopRequested()
+  with fresh.deferred():  # nothing pending: the block ends as it would without the handler
+    fresh(signal.SIGTERM, None)
+  assert fresh.flag
+
+
+def start_in_own_group(args):
+  """train.py in a process group of its own, as a terminal starts a command: Ctrl-C there
+  signals the whole group (the training process and its input workers)."""
+  return subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(predicate, proc, timeout=240):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+    time.sleep(0.002)
+
+
+@pytest.fixture(scope='module')
+def straight_run(tmp_path_factory, shared_data_dir):
+  """The workdir of the interrupted runs' command (24 steps) run without a stop."""
+  workdir = tmp_path_factory.mktemp('straight') / 'run'
+  subprocess.run(run_command(workdir, shared_data_dir, num_steps=24), cwd=ROOT, env=ENV,
+                 check=True, capture_output=True)
+  return workdir
+
+
+def finishes_as_never_stopped(args, step, workdir, straight):
+  """The same command resumes from `step` and ends with the state of the run never stopped."""
+  resumed = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, check=True)
+  assert f'Resuming from step {step}' in resumed.stdout, resumed.stdout[-3000:]
+  assert_same_arrays(saved_state(workdir, 24), saved_state(straight, 24))
+
+
 @pytest.mark.slow
-def test_ctrl_c_leaves_no_input_worker(tmp_path):
-  signal_a_running_run(tmp_path, signal.SIGINT, 1)
+def test_ctrl_c_saves_then_the_same_command_finishes_bitwise_equal(tmp_path, shared_data_dir,
+                                                                   straight_run):
+  """A terminal's Ctrl-C (SIGINT to the process group) with 2 input workers: the run saves at
+  the step it is in, says so, exits 0, and no worker died of it or outlives it; the same command
+  then finishes with the parameters and optimizer state of a run never stopped."""
+  args = run_command(tmp_path / 'run', shared_data_dir, num_steps=24) + [
+      '--config.data.workers=2']
+  proc = start_in_own_group(args)
+  metrics = tmp_path / 'run' / 'metrics.jsonl'
+  wait_for(lambda: metrics.exists() and metrics.read_text().count('\n') >= 2, proc)
+  workers = children(proc.pid)
+  os.killpg(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-3000:]
+  saved = re.search(r'Ctrl-C: saved the checkpoint of step (\d+) in .*; the same command', stderr)
+  assert saved and 4 <= int(saved.group(1)) < 24, stderr[-3000:]
+  assert os.path.isdir(tmp_path / 'run' / 'checkpoints' / saved.group(1))
+  assert 'A data worker died' not in stderr and 'Traceback' not in stderr, stderr[-3000:]
+  deadline = time.time() + 10
+  while any(alive(pid) for pid in workers) and time.time() < deadline:
+    time.sleep(0.2)
+  assert not any(alive(pid) for pid in workers)
+
+  finishes_as_never_stopped(args, int(saved.group(1)), tmp_path / 'run', straight_run)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_saving_stops_at_once_and_keeps_a_checkpoint_to_resume(
+    tmp_path, shared_data_dir, straight_run):
+  """Two Ctrl-C while a checkpoint is being written (checkpoints at every step): train.py stops
+  with one line naming the newest complete checkpoint (the write under way is finished first),
+  exit status 130; the same command resumes from it and finishes bitwise equal."""
+  args = run_command(tmp_path / 'run', shared_data_dir, num_steps=24) + [
+      '--config.train.checkpoint_every=1']
+  proc = start_in_own_group(args)
+  directory = tmp_path / 'run' / 'checkpoints'
+  wait_for(lambda: directory.exists() and any('tmp' in n for n in os.listdir(directory)), proc)
+  os.killpg(proc.pid, signal.SIGINT)
+  time.sleep(0.01)
+  os.killpg(proc.pid, signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-3000:]
+  lines = [l for l in stderr.splitlines() if l.startswith('train.py:')]
+  newest = max(int(n) for n in os.listdir(directory) if n.isdigit())
+  assert lines == [f'train.py: stopped at once by Ctrl-C: the newest complete checkpoint is step '
+                   f'{newest} in {tmp_path / "run"}, and the same command resumes from it.'], (
+                       stderr[-3000:])
+  assert 'Traceback' not in stderr, stderr[-3000:]
+  assert newest < 24
+
+  finishes_as_never_stopped(args, newest, tmp_path / 'run', straight_run)
+
+
+@pytest.fixture(scope='module')
+def micro_straight(shared_data_dir, tmp_path_factory):
+  """The micro BERT (tests/test_train.py) trained 6 steps in one call: params, opt_state."""
+  state = trainer.loop.train_and_evaluate(micro_config(shared_data_dir),
+                                          str(tmp_path_factory.mktemp('micro') / 'straight'))
+  return jax.device_get((state.params, state.opt_state))
+
+
+def interrupt_after_step(monkeypatch, stop_step):
+  """A Ctrl-C at the end of step `stop_step`, as a notebook's interrupt arrives: SIGINT to
+  this process while train_and_evaluate runs in its main thread."""
+  add = trainer.loop.Progress.add
+
+  def add_then_interrupt(self, step, metrics):
+    add(self, step, metrics)
+    if step == stop_step:
+      os.kill(os.getpid(), signal.SIGINT)  # handled before the next step starts
+  monkeypatch.setattr(trainer.loop.Progress, 'add', add_then_interrupt)
+
+
+def resumes_as_never_stopped(config, workdir, straight):
+  resumed = trainer.loop.train_and_evaluate(config, str(workdir))
+  assert int(resumed.step) == 6
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get((resumed.params, resumed.opt_state)),
+               straight)
+
+
+@pytest.mark.slow
+def test_an_interrupted_notebook_call_saves_and_returns_the_state(shared_data_dir, tmp_path,
+                                                                 monkeypatch, capfd,
+                                                                 micro_straight):
+  """A notebook's interrupt: train_and_evaluate saves at the step it is in and returns the
+  state; calling it again finishes bitwise equal to a call never interrupted."""
+  config = micro_config(shared_data_dir)
+  interrupt_after_step(monkeypatch, 4)  # between checkpoints (every 3 steps)
+  handler = signal.getsignal(signal.SIGINT)
+  state = trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert signal.getsignal(signal.SIGINT) is handler  # the notebook's own handler is back
+  assert int(state.step) == 4
+  assert f'Ctrl-C: saved the checkpoint of step 4 in {tmp_path / "run"}' in capfd.readouterr().err
+  monkeypatch.undo()
+  resumes_as_never_stopped(config, tmp_path / 'run', micro_straight)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_inside_the_save_finishes_it_then_stops(shared_data_dir, tmp_path,
+                                                                monkeypatch, capfd,
+                                                                micro_straight):
+  """The second Ctrl-C arrives while the stop's checkpoint is being saved: the save and its
+  write finish, then KeyboardInterrupt; the checkpoint is complete and resumes bitwise."""
+  config = micro_config(shared_data_dir)
+  interrupt_after_step(monkeypatch, 4)
+  save = trainer.loop.checkpoints.save
+
+  def interrupted_save(mngr, step, *args, **kwargs):
+    if step == 4:  # the stop's save (step 3's is a regular one)
+      os.kill(os.getpid(), signal.SIGINT)
+    save(mngr, step, *args, **kwargs)
+  monkeypatch.setattr(trainer.loop.checkpoints, 'save', interrupted_save)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert 'Ctrl-C: the run stops once the checkpoint being written' in capfd.readouterr().err
+  assert sorted(os.listdir(tmp_path / 'run' / 'checkpoints')) == ['3', '4']
+  monkeypatch.undo()
+  resumes_as_never_stopped(config, tmp_path / 'run', micro_straight)

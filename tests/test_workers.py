@@ -20,6 +20,7 @@ from configs import transformer_wmt
 import input_pipeline
 from input_pipeline.common import example_iterator
 from input_pipeline.common import workers
+from trainer import ranges
 
 # (config, the fields that make its chunks small, so that a few batches cross several chunks)
 TEXT_PIPELINES = {
@@ -190,8 +191,8 @@ def test_auto_workers():
   config.data.workers = 3
   assert input_pipeline.num_workers(config.data, 'gpu', 8) == 3
   config.data.workers = -2
-  with pytest.raises(ValueError, match='data.workers=-2'):
-    input_pipeline.check_config(config)
+  with pytest.raises(ValueError, match=r'data.workers=-2 is outside \[-1, inf\)'):
+    ranges.check(config)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import tempfile
 import time
 from typing import Any
 
+from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,13 @@ def exist(workdir: str) -> bool:
   """Whether the workdir holds a finished checkpoint (without creating anything)."""
   directory = _directory(workdir)
   return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def newest_step(workdir: str) -> int | None:
+  """The newest complete checkpoint's step (a save under way is a temporary directory)."""
+  directory = _directory(workdir)
+  steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+  return max(steps, default=None)
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
@@ -187,8 +195,13 @@ def newest_data(workdir: str) -> dict[str, Any] | None:
   trained positions); None without a checkpoint. Creates nothing."""
   if not exist(workdir):
     return None
-  mngr = ocp.CheckpointManager(_directory(workdir), item_names=('data',),
-                               options=ocp.CheckpointManagerOptions(read_only=True))
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)  # orbax warns at each read-only manager it makes
+  try:
+    mngr = ocp.CheckpointManager(_directory(workdir), item_names=('data',),
+                                 options=ocp.CheckpointManagerOptions(read_only=True))
+  finally:
+    logging.set_verbosity(verbosity)
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
       return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
@@ -233,6 +246,18 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
                    '--workdir.')
 
 
+def saved_param_shapes(workdir: str) -> dict[str, tuple[int, ...]]:
+  """Each parameter's shape in the newest checkpoint of `workdir`, by name ('a/b/kernel'), from
+  its metadata (no array is read)."""
+  item = os.path.join(_directory(workdir), str(newest_step(workdir)), 'state')
+  return shapes_by_name(ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree['params'])
+
+
+def shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:
+  """Each array's (or array metadata's) shape in `tree`, by its name ('a/b/kernel')."""
+  return {_path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _path_name(path) -> str:
   return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
 
@@ -246,15 +271,12 @@ def restore_params(workdir: str, target_params: Any, fresh: tuple[str, ...] = ()
   params, the names only the target has (new heads) and the names only the
   checkpoint has (unused pretraining heads).
   """
-  directory = _directory(workdir)
-  steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if exist(workdir) else []
-  if not steps:
+  newest = newest_step(workdir)
+  if newest is None:
     raise ValueError(f'{workdir} has no checkpoint: point config.init_from (or --workdir) at the '
                      'workdir of a finished run.')
-  item = os.path.join(directory, str(steps[-1]), 'state')
-  saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree['params']
-  saved_shapes = {_path_name(p): tuple(m.shape)
-                  for p, m in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  item = os.path.join(_directory(workdir), str(newest), 'state')
+  saved_shapes = saved_param_shapes(workdir)
   unused_heads = sorted(n for n in saved_shapes if n.split('/')[0] in fresh)
   saved_shapes = {n: s for n, s in saved_shapes.items() if n.split('/')[0] not in fresh}
   target, treedef = jax.tree_util.tree_flatten_with_path(target_params)

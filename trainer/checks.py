@@ -12,8 +12,8 @@ import jax
 import input_pipeline
 from trainer import checkpoints
 from trainer import phases
+from trainer import ranges
 from trainer import sharding
-from trainer.optimizer import OPTIMIZERS, SCHEDULES
 
 
 KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu'}
@@ -64,6 +64,7 @@ def _auto_attention(fields: dict[str, Any], platform: str) -> str:
 def validate(config, mesh, num_hosts: int | None = None) -> None:
   """Raises ValueError with one line naming the fix; `num_hosts` defaults to this job's."""
   num_hosts = num_hosts or jax.process_count()
+  ranges.check(config)  # every field in its range (trainer/ranges.py's table)
   model_config(config, mesh.devices.flat[0].platform)  # the model's Config checks its own fields
   seq_len = config.data.get('max_seq_length')
   positions = config.model.get('max_position_embeddings')
@@ -82,24 +83,10 @@ def validate(config, mesh, num_hosts: int | None = None) -> None:
   if tc.eval_steps and config.data.get('pipeline') in input_pipeline.SCORED:
     raise ValueError(f'train.eval_steps={tc.eval_steps}: a task is scored over its whole eval '
                      'split (EM/F1, span F1, MCC need every example): set train.eval_steps=0.')
-  if tc.num_steps < 1 or min(tc.log_every, tc.eval_every, tc.checkpoint_every) < 1:
-    raise ValueError('train.num_steps, log_every, eval_every and checkpoint_every must be '
-                     'positive: set them to 1 or more.')
   if config.optimizer.warmup_steps > tc.num_steps:
     raise ValueError(f'optimizer.warmup_steps={config.optimizer.warmup_steps} exceeds '
                      f'train.num_steps={tc.num_steps}: lower the warmup.')
-  if config.model.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
-    raise ValueError(f'model.dtype={config.model.dtype!r}: use auto, float32, bfloat16 or float16.')
   input_pipeline.check_config(config)
-  if tc.eval_steps < 0:
-    raise ValueError(f'train.eval_steps={tc.eval_steps}: use 0 for one pass of the eval split '
-                     'or the number of eval batches.')
-  if config.optimizer.get('schedule', 'linear') not in SCHEDULES:
-    raise ValueError(f'optimizer.schedule={config.optimizer.schedule!r}: use one of '
-                     f'{", ".join(SCHEDULES)}.')
-  if config.optimizer.get('name', 'adamw') not in OPTIMIZERS:
-    raise ValueError(f'optimizer.name={config.optimizer.name!r}: use one of '
-                     f'{", ".join(OPTIMIZERS)}.')
   chars = (config.data.get('max_characters_per_token'),
            config.model.get('max_characters_per_token'))
   if None not in chars and chars[0] != chars[1]:
@@ -133,6 +120,110 @@ def _as_json(value: Any) -> Any:
   return json.loads(json.dumps(value))
 
 
+# Fields besides the model's a run cannot resume with other values: they change the optimizer
+# state's form or the ids the data is read as (the model's are checked on its parameters:
+# check_resumable_params).
+_RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'tokenizer'),
+                  ('data', 'lower_case'))
+
+
+def _saved_config(directory: str, what: str) -> dict[str, Any] | None:
+  """The config.json of a run's directory; None without one."""
+  path = os.path.join(directory, 'config.json')
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f'{path} cannot be read ({e}): {what}.') from None
+
+
+def check_workdir(config, workdir: str) -> None:
+  """A workdir that holds another run stops this one, naming what it holds: another model, or a
+  checkpoint this config cannot resume (another optimizer or tokenizer)."""
+  new_workdir = 'pass a new --workdir for this run'
+  saved = _saved_config(workdir, new_workdir)
+  if saved is None:
+    return
+  theirs = (saved.get('model_name'), saved.get('objective'))
+  if theirs != (config.model_name, config.objective):
+    raise ValueError(f'--workdir={workdir} holds a {theirs[0]} run (objective {theirs[1]}) and '
+                     f'this config trains {config.model_name} ({config.objective}): '
+                     f'{new_workdir}, or give the config that run was started with to resume it.')
+  if not checkpoints.exist(workdir):
+    return  # nothing to resume: the run starts afresh there
+  for part, field in _RESUME_FIELDS:
+    ours = config[part].get(field)
+    if ours is None or field not in saved.get(part, {}):
+      continue  # unset here (taken from the run), or not a field of this model
+    if _as_json(ours) != saved[part][field]:
+      raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with {part}.{field}='
+                       f'{saved[part][field]} and this config has {ours}, so it cannot resume '
+                       f'it: {new_workdir}, or set --config.{part}.{field}='
+                       f'{saved[part][field]} to resume that run.')
+
+
+def check_resumable_params(config, workdir: str, params: Any) -> None:
+  """The newest checkpoint of `workdir` holds the parameters this config's model has, shape for
+  shape; else one line naming the first that differs and the model fields its run had."""
+  names, saved = checkpoints.shapes_by_name(params), checkpoints.saved_param_shapes(workdir)
+  if saved == names:
+    return
+  differ = sorted(set(saved) ^ set(names)) or [n for n in names if saved[n] != names[n]]
+  name = differ[0]
+  what = (f'has {name} of shape {saved[name]} where this config makes {names[name]}'
+          if name in saved and name in names else
+          f'{"has" if name in saved else "lacks"} the parameter {name} this config '
+          f'{"lacks" if name in saved else "has"}')
+  theirs = (_saved_config(workdir, 'pass a new --workdir for this run') or {}).get('model', {})
+  fields = [f'model.{f}={theirs[f]}' for f, ours in config.model.items()
+            if f in theirs and ours is not None and _as_json(ours) != theirs[f]]
+  raise ValueError(f'--workdir={workdir} holds a checkpoint that cannot be resumed with this '
+                   f'config: it {what}'
+                   + (f' (its run had {", ".join(fields)})' if fields else '') +
+                   ': pass a new --workdir for this run, or the config it was started with to '
+                   'resume it.')
+
+
+def check_init_from_run(config, need_checkpoint: bool = True) -> dict[str, Any]:
+  """config.init_from is a finished run (without `need_checkpoint`: its config.json is enough,
+  for the sizes) of a model this config can start from: its config."""
+  source = config.init_from
+  fix = 'point config.init_from at the workdir of a pretraining run'
+  if not os.path.isdir(source):
+    raise ValueError(f'config.init_from={source!r} is not a directory'
+                     f'{"" if os.path.exists(source) else " (nothing is there)"}: {fix}.')
+  has_checkpoint = checkpoints.exist(source) or not need_checkpoint
+  present = {'config.json': os.path.isfile(os.path.join(source, 'config.json')),
+             'complete checkpoint in checkpoints/': has_checkpoint}
+  missing = [name for name, found in present.items() if not found]
+  if missing:
+    raise ValueError(f'config.init_from={source!r} has no {" and no ".join(missing)}, so it is '
+                     f'not a finished run: {fix} (or run that pretraining to its first '
+                     'checkpoint).')
+  saved = _saved_config(source, fix)
+  # A task model may start from another model's run (the ELMo tagger from an ELMo biLM).
+  module = importlib.import_module(f'models.{config.model_name}')
+  starts_from = getattr(module, 'PRETRAINED_MODEL', config.model_name)
+  if saved.get('model_name') not in (config.model_name, starts_from):
+    raise ValueError(f'config.init_from={source!r} is a {saved.get("model_name")!r} run and this '
+                     f'config trains {config.model_name!r}: start from a {starts_from!r} run.')
+  return saved
+
+
+def check_run_directories(config, workdir: str) -> None:
+  """The workdir and config.init_from, before any field is taken from them: a run of another
+  model, a checkpoint this config cannot resume, or an init_from that is not a finished run
+  is said as such."""
+  if config.get('init_from') and os.path.abspath(config.init_from) == os.path.abspath(workdir):
+    raise ValueError('config.init_from is the workdir itself: give the fine-tuning run a '
+                     'workdir of its own.')
+  check_workdir(config, workdir)
+  if config.get('init_from') and not checkpoints.exist(workdir):
+    check_init_from_run(config)
+
+
 def inherit_unset_fields(config, workdir: str | None) -> None:
   """Fills the model fields and data.lower_case left None (a fine-tuning config without a size)
   from the run the workdir resumes, or else from config.init_from, so that a converted or
@@ -142,37 +233,26 @@ def inherit_unset_fields(config, workdir: str | None) -> None:
       config.data.lower_case is None) else []
   if not unset:
     return
-  source = workdir if workdir and checkpoints.exist(workdir) else config.get('init_from')
-  path = os.path.join(source or '', 'config.json')
-  if not source or not os.path.isfile(path):
+  if workdir and checkpoints.exist(workdir):
+    source, saved = workdir, _saved_config(workdir, 'pass a new --workdir for this run')
+  elif config.get('init_from'):
+    source, saved = config.init_from, check_init_from_run(config, need_checkpoint=False)
+  else:
     part, field = unset[0]
     raise ValueError(f'config.{part}.{field} is unset and taken from the pretrained run: set '
                      '--config.init_from to its workdir (or pick a size: <task>,<size>).')
-  with open(path, encoding='utf-8') as f:
-    saved = json.load(f)
   for part, field in unset:
-    if saved.get(part, {}).get(field) is None:
-      raise ValueError(f'{path} has no {part}.{field}: set --config.{part}.{field}.')
+    if (saved or {}).get(part, {}).get(field) is None:
+      raise ValueError(f'{os.path.join(source, "config.json")} has no {part}.{field}: set '
+                       f'--config.{part}.{field}.')
     config[part][field] = saved[part][field]
 
 
-def check_init_from(config, workdir: str) -> None:
-  """config.init_from names a finished run whose model this config can start from."""
-  if os.path.abspath(config.init_from) == os.path.abspath(workdir):
-    raise ValueError('config.init_from is the workdir itself: give the fine-tuning run a '
-                     'workdir of its own.')
-  saved_config = os.path.join(config.init_from, 'config.json')
-  if not (checkpoints.exist(config.init_from) and os.path.isfile(saved_config)):
-    raise ValueError(f'config.init_from={config.init_from!r} holds no checkpoint and '
-                     'config.json: point it at the workdir of a pretraining run.')
-  with open(saved_config, encoding='utf-8') as f:
-    saved = json.load(f)
-  # A task model may start from another model's run (the ELMo tagger from an ELMo biLM).
+def check_init_from(config) -> None:
+  """config.init_from names a finished run whose model this config can start from, with the
+  sizes and vocabulary this config has."""
+  saved = check_init_from_run(config)
   module = importlib.import_module(f'models.{config.model_name}')
-  starts_from = getattr(module, 'PRETRAINED_MODEL', config.model_name)
-  if saved.get('model_name') not in (config.model_name, starts_from):
-    raise ValueError(f'config.init_from is a {saved.get("model_name")!r} run and this config '
-                     f'trains {config.model_name!r}: start from a {starts_from!r} run.')
   # Ours -> theirs, where a task model names the pretrained model's sizes otherwise
   # (the BCN's word vocabulary is CoVe's source_vocab_size).
   model_fields = getattr(module, 'INIT_FROM_FIELDS', {f: f for f in _SHAPE_FIELDS})

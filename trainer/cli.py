@@ -1,10 +1,34 @@
-"""Command-line helpers shared by the entry points (train.py, bench.py)."""
+"""Command-line helpers shared by the entry points (train.py, bench.py, ...)."""
 
 import importlib.util
 import os
 import sys
 
 from absl import flags
+import jax
+
+from trainer import host_memory
+
+
+# The TPU and NVIDIA plugins JAX starts by itself, which print errors where their chips are not.
+NOISY_PLUGINS = ('libtpu', 'jax_cuda12_plugin', 'jax_cuda13_plugin')
+
+
+def skip_absent_accelerators() -> None:
+  """JAX on the CPU alone when libtpu or the CUDA plugin is installed (requirements-dev.txt has
+  both) but this machine has no TPU or GPU, and no platform was chosen.
+
+  JAX would start each plugin to look for its chips, and each prints start-up
+  errors when there are none (libtpu's E0000 lines, the plugin's cuInit
+  traceback). Call before JAX's first device use; child processes inherit the
+  choice. aot.py compiles for TPUs and GPUs all the same: its devices are
+  compile-only.
+  """
+  if jax.config.jax_platforms or os.environ.get('JAX_PLATFORMS'):
+    return
+  if host_memory.cpu_backend_expected() and any(map(importlib.util.find_spec, NOISY_PLUGINS)):
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    jax.config.update('jax_platforms', 'cpu')
 
 
 def bad_override(argv: list[str]) -> str | None:

@@ -1,15 +1,17 @@
 """The training loop: setup (data, state, restore), steps, logs, evals, checkpoints, stops."""
 
 import collections
+import contextlib
 import dataclasses
 import importlib
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
 from typing import Any, Callable
 
-from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -22,29 +24,84 @@ from trainer import evaluation
 from trainer import host_memory
 from trainer import metric_writer
 from trainer import phases as phases_lib
+from trainer import ranges
 from trainer import sharding
-from trainer.checks import check_init_from, inherit_unset_fields, validate
+from trainer.checks import check_init_from, check_resumable_params, check_run_directories
+from trainer.checks import inherit_unset_fields, validate
 from trainer.state import TrainState, abstract_batch, build, init_params
 from trainer.steps import accumulate
 
 
 class StopRequested:
-  """Set by SIGTERM; the loop checkpoints and exits at the next step boundary."""
+  """SIGTERM (a preemption) or Ctrl-C (SIGINT, also a notebook's interrupt): the loop saves a
+  checkpoint at the next step boundary and stops.
+
+  On one host, Ctrl-C stops at once (KeyboardInterrupt) before this run's first step has
+  finished, when there is nothing to save, and when pressed a second time; inside `deferred()`
+  (a checkpoint's save or write, the input workers' stop) it waits for the block to end first,
+  so that the newest complete checkpoint is always one to resume from. On several hosts every
+  Ctrl-C is a stop request like SIGTERM: one host stopping alone would leave the others
+  waiting in a collective.
+  """
 
   def __init__(self):
-    self.flag = False
+    self.signal_name = None  # the first stop signal received
+    self.trained = False  # set once this run's first step has finished
+    self.deferring = False
+    self.at_once_when_done = False
 
   def __call__(self, signum, frame):
-    del signum, frame
-    self.flag = True
+    del frame
+    interrupt, one_host = signum == signal.SIGINT, jax.process_count() == 1
+    if interrupt and one_host and (not self.trained or self.signal_name == 'SIGINT'):
+      if not self.deferring:
+        raise KeyboardInterrupt
+      if not self.at_once_when_done:
+        _say('Ctrl-C: the run stops once the checkpoint being written (if any) is complete and '
+             'the input workers have stopped (kill -9 would stop it at once; the previous '
+             'checkpoint stays complete).')
+      self.at_once_when_done = True
+      return
+    if interrupt and self.signal_name is None:
+      _say('Ctrl-C: the run saves a checkpoint after this step (and an eval under way) and stops '
+           + ('(Ctrl-C again stops at once, losing the steps since the last checkpoint).'
+              if one_host else 'when the hosts next agree, every train.log_every steps.'))
+    self.signal_name = self.signal_name or signal.Signals(signum).name
+
+  @contextlib.contextmanager
+  def deferred(self):
+    """A Ctrl-C meant to stop at once waits until the block ends."""
+    self.deferring = True
+    try:
+      yield
+    finally:
+      self.deferring = False
+    if self.at_once_when_done:
+      raise KeyboardInterrupt
+
+  @property
+  def flag(self) -> bool:
+    return self.signal_name is not None
 
   def requested(self, step: int, every: int) -> bool:
-    """Whether any host got SIGTERM; hosts agree every `every` steps (a collective)."""
+    """Whether any host got a stop signal; hosts agree every `every` steps (a collective)."""
     if jax.process_count() == 1:
       return self.flag
     if step % every:
       return False
     return bool(np.asarray(multihost_utils.process_allgather(np.array(self.flag))).any())
+
+  def describe(self) -> str:
+    return ('Ctrl-C' if self.signal_name == 'SIGINT' else self.signal_name or
+            "Another host's stop signal")
+
+
+def _say(line: str) -> None:
+  """A line on stderr from a signal handler: the main thread may be inside a write to it."""
+  try:
+    print(line, file=sys.stderr, flush=True)
+  except RuntimeError:  # a reentrant write to the buffered stream
+    os.write(2, line.encode() + b'\n')
 
 
 def write_workdir_files(config, workdir: str, tokenizer) -> None:
@@ -100,10 +157,12 @@ def setup(config, workdir: str, mesh) -> Run:
   phase the run is in."""
   # Checks, before any data is read or anything compiled. A resumed run needs
   # nothing from init_from any more (it may have been moved).
+  ranges.check(config)  # first: the checks below read model_name and init_from
+  check_run_directories(config, workdir)
   inherit_unset_fields(config, workdir)
   validate(config, mesh)
   if config.get('init_from') and not checkpoints.exist(workdir):
-    check_init_from(config, workdir)
+    check_init_from(config)
   os.makedirs(workdir, exist_ok=True)
 
   # The vocabulary: a resumed run keeps the one it started with, whatever the cache holds now,
@@ -123,6 +182,7 @@ def setup(config, workdir: str, mesh) -> Run:
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   data, positions = None, 0
   if mngr.latest_step() is not None:
+    check_resumable_params(config, workdir, state.params)
     state, data = checkpoints.restore(mngr, state, workdir)
     positions = data['positions'] or 0
     if jax.process_index() == 0:
@@ -150,8 +210,14 @@ def setup(config, workdir: str, mesh) -> Run:
           "--config.data.later_phases='()'), or start a new --workdir.")
     data = None
   steps = (train_step, eval_step) if phase.index == 0 else None
-  enter_phase(run, phase, data, steps)
-  compile_later_phases(run)
+  try:
+    enter_phase(run, phase, data, steps)
+    compile_later_phases(run)
+  except BaseException:  # a step too large, Ctrl-C: no input worker stays behind
+    for stream in (run.train_iter, run.eval_data):
+      if stream is not None:
+        stream.close()
+    raise
   return run
 
 
@@ -238,8 +304,9 @@ class Progress:
     resident size of 7.0 GB waiting for each step; 16.1 GB after 4 steps with 1 or 2 ahead)."""
     return 0 if jax.default_backend() == 'cpu' else cls.MAX_AHEAD
 
-  def __init__(self, run: Run, step: int):
-    self.run, self.totals, self.window, self.in_flight = run, {}, None, collections.deque()
+  def __init__(self, run: Run, step: int, stop: StopRequested):
+    self.run, self.stop = run, stop
+    self.totals, self.window, self.in_flight = {}, None, collections.deque()
     self.last_good_step = run.mngr.latest_step()
     self.last_step, self.last_time, self.paused = step, time.time(), 0.0
 
@@ -267,9 +334,10 @@ class Progress:
   def save(self, step: int, state: TrainState) -> None:
     """Starts the checkpoint of `step`; a non-finite state is never saved."""
     try:
-      checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
-                       self.run.data_shards, phase=self.run.phase.index,
-                       positions=self.run.trained_positions())
+      with self.stop.deferred():
+        checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
+                         self.run.data_shards, phase=self.run.phase.index,
+                         positions=self.run.trained_positions())
     except FloatingPointError as e:
       raise FloatingPointError(
           f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '
@@ -310,13 +378,14 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
   tc, state = run.config.train, run.state
   step = int(state.step)
   end = tc.num_steps if stop_after_steps is None else min(tc.num_steps, step + stop_after_steps)
-  if jax.process_index() == 0:
-    print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
-          f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
-          flush=True)
-  writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
-  progress, start_step = Progress(run, step), step
-  try:
+  writer = None
+  try:  # from here the input workers are stopped however the loop ends
+    if jax.process_index() == 0:
+      print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
+            f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
+            flush=True)
+    writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
+    progress, start_step = Progress(run, step, stop), step
     if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir)):
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
     elif step >= tc.num_steps and jax.process_index() == 0:
@@ -334,6 +403,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       state, metrics = run.train_step(state, sharding.global_batch(next(run.train_iter), run.mesh))
       if first:
         jax.block_until_ready(metrics)
+        stop.trained = True  # from here Ctrl-C saves first
         progress.paused += time.time() - start
         if jax.process_index() == 0:
           what = f'of phase {run.phase.index + 1} ' if len(run.phases) > 1 else ''
@@ -356,27 +426,40 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       if step % tc.eval_every == 0 or step == tc.num_steps:
         evaluation.evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
-    if step < end:  # stopped by SIGTERM
+    if step < end:  # stopped by a signal
       progress.check()
       progress.save(step, state)
-      logging.warning('SIGTERM: saved a checkpoint at step %d; the same command resumes.', step)
+      with stop.deferred():
+        checkpoints.wait(run.mngr)
+      if jax.process_index() == 0:
+        print(f'{stop.describe()}: saved the checkpoint of step {step} in {run.workdir}; the same '
+              'command (or call) resumes from it.', file=sys.stderr, flush=True)
   finally:
-    run.train_iter.close()  # stops the input workers
-    run.eval_data.close()
-    checkpoints.wait(run.mngr)
-    writer.close()
+    try:
+      with stop.deferred():  # also after a second Ctrl-C: the workers stop, the write ends
+        run.train_iter.close()  # stops the input workers
+        run.eval_data.close()
+        checkpoints.wait(run.mngr)
+    finally:
+      if writer is not None:
+        writer.close()
   return state
 
 
 def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None,
                        devices=None) -> TrainState:
   """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption
-  would; `devices` (default: all) make the mesh."""
+  would; `devices` (default: all) make the mesh. SIGTERM and Ctrl-C (a notebook's interrupt)
+  save a checkpoint and return the state (StopRequested)."""
   stop = StopRequested()
-  previous_handler = signal.signal(signal.SIGTERM, stop)
+  # Python sets signal handlers in its main thread only (a notebook's cells run there).
+  handled = ((signal.SIGTERM, signal.SIGINT)
+             if threading.current_thread() is threading.main_thread() else ())
+  previous_handlers = {signum: signal.signal(signum, stop) for signum in handled}
   try:
     mesh = sharding.make_mesh(config.mesh, devices)
     with jax.set_mesh(mesh):
       return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
   finally:
-    signal.signal(signal.SIGTERM, previous_handler)
+    for signum, handler in previous_handlers.items():
+      signal.signal(signum, handler)

@@ -16,14 +16,41 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 BATCH_AXES = ('data', 'fsdp')
 
 
-def mesh_shape(mesh_cfg: Sequence[tuple[str, int]], num_devices: int) -> dict[str, int]:
-  """Resolves the single -1 in config.mesh to the remaining devices."""
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+
+def check_mesh_config(mesh_cfg: Sequence[tuple[str, int]]) -> None:
+  """config.mesh names each axis once with a size of 1 or more, or -1 once (the rest)."""
+  if not all(isinstance(axis, (tuple, list)) and len(axis) == 2 for axis in mesh_cfg):
+    raise ValueError(f'config.mesh={tuple(mesh_cfg)!r}: write it as (("data", -1), ("fsdp", 1), '
+                     '("tensor", 1)).')
   names = [name for name, _ in mesh_cfg]
-  if sorted(names) != sorted(['data', 'fsdp', 'tensor']):
-    raise ValueError(f'config.mesh names {names}: use exactly the axes data, fsdp, tensor.')
-  sizes = [int(size) for _, size in mesh_cfg]
+  if sorted(names) != sorted(MESH_AXES):
+    raise ValueError(f'config.mesh names {names}: use exactly the axes {", ".join(MESH_AXES)}.')
+  sizes = [size for _, size in mesh_cfg]
+  if not all(isinstance(s, int) and (s >= 1 or s == -1) for s in sizes):
+    raise ValueError(f'config.mesh={tuple(mesh_cfg)!r} has a size that is not 1 or more, or -1: '
+                     'give each axis a device count, and -1 to the one that takes the rest.')
   if sizes.count(-1) > 1:
     raise ValueError(f'config.mesh {tuple(mesh_cfg)} has more than one -1: give all sizes but one.')
+
+
+def check_axis_rules(rules: Sequence[tuple[str, Any]]) -> None:
+  """config.logical_axis_rules maps logical names to mesh axes (or None), each pair once."""
+  for rule in rules:
+    axes = rule[1] if isinstance(rule, (tuple, list)) and len(rule) == 2 else ()
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+            and isinstance(axes, (tuple, list)) and all(a in MESH_AXES for a in axes)):
+      raise ValueError(f'config.logical_axis_rules has {rule!r}: write each rule as (logical '
+                       f'name, mesh axis or axes or None), mesh axes from {", ".join(MESH_AXES)}.')
+
+
+def mesh_shape(mesh_cfg: Sequence[tuple[str, int]], num_devices: int) -> dict[str, int]:
+  """Resolves the single -1 in config.mesh to the remaining devices."""
+  check_mesh_config(mesh_cfg)
+  names = [name for name, _ in mesh_cfg]
+  sizes = [int(size) for _, size in mesh_cfg]
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:

@@ -14,6 +14,7 @@ is re-raised here as it was.
 """
 
 import os
+import signal
 from typing import Any, Callable, Iterator
 
 from absl import flags
@@ -100,11 +101,13 @@ class UnitStream:
     in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD),
-        worker_init_fn=_one_core))
+        worker_init_fn=_set_up_worker))
 
 
-def _one_core(worker_index: int, worker_count: int) -> None:
+def _set_up_worker(worker_index: int, worker_count: int) -> None:
   """A worker's tokenizers stay on one core: the workers are the parallelism (HF tokenizers
-  would otherwise start a thread per core in every worker)."""
+  would otherwise start a thread per core in every worker). A terminal's Ctrl-C, sent to every
+  process of the job, is the training process's to handle: it saves, then stops the workers."""
   del worker_index, worker_count
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
