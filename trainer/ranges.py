@@ -151,7 +151,7 @@ DROPOUT = Interval(0, 1, open_high=True, what='a dropout rate: 1 would drop ever
 PROBABILITY = Interval(0, 1, what='a probability')
 DECAY = Interval(0, 1, open_high=True, what="a moment's decay, below 1")
 PATH = Free('a path, checked when it is read')
-NAME = Free('a name the reader checks when it reads it (TFDS names, splits, features)')
+NAME = Free('a name the reader looks up when it reads (TFDS names, splits, features, languages)')
 
 RANGES: dict[str, Any] = {
     # The run.

@@ -36,7 +36,7 @@ def check_mesh_config(mesh_cfg: Sequence[tuple[str, int]]) -> None:
 
 
 def check_axis_rules(rules: Sequence[tuple[str, Any]]) -> None:
-  """config.logical_axis_rules maps logical names to mesh axes (or None), each pair once."""
+  """config.logical_axis_rules maps logical names to mesh axes (one, several or None)."""
   for rule in rules:
     axes = rule[1] if isinstance(rule, (tuple, list)) and len(rule) == 2 else ()
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
