@@ -1,7 +1,7 @@
 """Peer: BERT pretraining's train step (MLM + NSP) with transformers 4.57.6's Flax classes.
 
 transformers 5 dropped its Flax classes, so this runs in its own venv
-(peers/requirements-hf-flax.txt; the README has the two commands that make it):
+(peers/requirements-hf-flax.txt; docs/benchmarks.md has the two commands that make it):
 
     peers/.venv-hf-flax/bin/python peers/bert_hf_flax.py --shape=mini --variant=gathered
     peers/.venv-hf-flax/bin/python peers/bert_hf_flax.py --shape=mini --variant=gathered --profile=/tmp/hf_profile

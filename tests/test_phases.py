@@ -47,7 +47,7 @@ def test_the_configs_carry_the_papers_phases():
         0, round(0.9 * steps), round(0.9 * steps), steps)
     assert (first.max_seq_length, first.config.data.max_predictions_per_seq) == (128, 20)
     assert (second.max_seq_length, second.config.data.max_predictions_per_seq) == (512, 80)
-    # The 512-token step of base and large fits a TPU v4-8 with remat (README, aot.py).
+    # The 512-token step of base and large fits a TPU v4-8 with remat (docs/accelerators.md, aot.py).
     assert second.config.model.remat == (variant in ('base', 'large'))
     assert not first.config.model.remat
     assert second.config.data.later_phases == () and second.config.train == config.train

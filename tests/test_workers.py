@@ -197,7 +197,7 @@ def test_auto_workers():
 
 @pytest.mark.slow
 def test_the_tfdata_peer_makes_the_same_units(shared_data_dir):
-  """peers/input_tfdata.py (the README's grain-or-tf.data comparison) runs and prints its rate."""
+  """peers/input_tfdata.py (docs/bert.md's grain-or-tf.data comparison) runs and prints its rate."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run(
       [sys.executable, 'peers/input_tfdata.py', '--config=configs/bert_base.py:tiny',
