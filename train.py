@@ -64,7 +64,7 @@ def main(argv):
     sys.exit(f'train.py: error: {e}')
   except (FloatingPointError, checkpoints.WriteError, workers.WorkersDied) as e:
     sys.exit(f'train.py: stopped: {e}')
-  except KeyboardInterrupt:  # before the first step, or a second Ctrl-C (loop.StopRequested)
+  except KeyboardInterrupt:  # before the first step, or a second Ctrl-C (trainer/stop.py)
     newest = checkpoints.newest_step(workdir)
     kept = (f'the newest complete checkpoint is step {newest} in {workdir}, and the same command '
             'resumes from it' if newest is not None else 'no checkpoint was written yet')

@@ -16,6 +16,7 @@ from test_faults import ENV, assert_same_arrays, saved_state
 from test_faults import command as run_command
 from test_train import micro_config
 import trainer.loop
+import trainer.stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,7 +92,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
 
 
 def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed_again():
-  stop = trainer.loop.StopRequested()
+  stop = trainer.stop.StopRequested()
   with pytest.raises(KeyboardInterrupt):  # compiling, before any step: nothing to save
     stop(signal.SIGINT, None)
   assert not stop.flag
@@ -100,14 +101,14 @@ def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed
   assert stop.flag and stop.describe() == 'Ctrl-C'
   with pytest.raises(KeyboardInterrupt):
     stop(signal.SIGINT, None)
-  term = trainer.loop.StopRequested()
+  term = trainer.stop.StopRequested()
   term(signal.SIGTERM, None)
   term(signal.SIGTERM, None)  # a preemption's repeated SIGTERM waits for the save
   assert term.flag and term.describe() == 'SIGTERM'
 
 
 def test_a_second_ctrl_c_while_saving_waits_for_the_save(capfd):
-  stop = trainer.loop.StopRequested()
+  stop = trainer.stop.StopRequested()
   stop.trained = True
   stop(signal.SIGINT, None)
   finished = False
@@ -119,7 +120,7 @@ def test_a_second_ctrl_c_while_saving_waits_for_the_save(capfd):
   assert finished
   err = capfd.readouterr().err
   assert err.count('Ctrl-C: the run stops once the checkpoint being written') == 1, err
-  fresh = trainer.loop.StopRequested()
+  fresh = trainer.stop.StopRequested()
   with fresh.deferred():  # nothing pending: the block ends as it would without the handler
     fresh(signal.SIGTERM, None)
   assert fresh.flag

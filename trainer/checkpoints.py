@@ -21,17 +21,22 @@ def _directory(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
+def _complete_steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in a checkpoint directory, in order (a save under
+  way is a temporary directory); none if it does not exist. Creates nothing."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
 def exist(workdir: str) -> bool:
   """Whether the workdir holds a finished checkpoint (without creating anything)."""
-  directory = _directory(workdir)
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+  return bool(_complete_steps(_directory(workdir)))
 
 
 def newest_step(workdir: str) -> int | None:
-  """The newest complete checkpoint's step (a save under way is a temporary directory)."""
-  directory = _directory(workdir)
-  steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
-  return max(steps, default=None)
+  """The newest complete checkpoint's step; None without one."""
+  return max(_complete_steps(_directory(workdir)), default=None)
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
@@ -92,7 +97,7 @@ def _write_errors(mngr: ocp.CheckpointManager):
     yield
   except Exception as error:  # pylint: disable=broad-except (orbax re-raises the writer's)
     directory = str(mngr.directory)
-    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    steps = _complete_steps(directory)
     kept = f'step {steps[-1]}' if steps else 'none'
     raise WriteError(f'A checkpoint could not be written ({_reason(error)}); the newest complete '
                      f'one in {directory} is {kept}: free disk space (or lower '

@@ -1,7 +1,6 @@
 """The training loop: setup (data, state, restore), steps, logs, evals, checkpoints, stops."""
 
 import collections
-import contextlib
 import dataclasses
 import importlib
 import os
@@ -26,82 +25,11 @@ from trainer import metric_writer
 from trainer import phases as phases_lib
 from trainer import ranges
 from trainer import sharding
+from trainer.stop import StopRequested
 from trainer.checks import check_init_from, check_resumable_params, check_run_directories
 from trainer.checks import inherit_unset_fields, validate
 from trainer.state import TrainState, abstract_batch, build, init_params
 from trainer.steps import accumulate
-
-
-class StopRequested:
-  """SIGTERM (a preemption) or Ctrl-C (SIGINT, also a notebook's interrupt): the loop saves a
-  checkpoint at the next step boundary and stops.
-
-  On one host, Ctrl-C stops at once (KeyboardInterrupt) before this run's first step has
-  finished, when there is nothing to save, and when pressed a second time; inside `deferred()`
-  (a checkpoint's save or write, the input workers' stop) it waits for the block to end first,
-  so that the newest complete checkpoint is always one to resume from. On several hosts every
-  Ctrl-C is a stop request like SIGTERM: one host stopping alone would leave the others
-  waiting in a collective.
-  """
-
-  def __init__(self):
-    self.signal_name = None  # the first stop signal received
-    self.trained = False  # set once this run's first step has finished
-    self.deferring = False
-    self.at_once_when_done = False
-
-  def __call__(self, signum, frame):
-    del frame
-    interrupt, one_host = signum == signal.SIGINT, jax.process_count() == 1
-    if interrupt and one_host and (not self.trained or self.signal_name == 'SIGINT'):
-      if not self.deferring:
-        raise KeyboardInterrupt
-      if not self.at_once_when_done:
-        _say('Ctrl-C: the run stops once the checkpoint being written (if any) is complete and '
-             'the input workers have stopped (kill -9 would stop it at once; the previous '
-             'checkpoint stays complete).')
-      self.at_once_when_done = True
-      return
-    if interrupt and self.signal_name is None:
-      _say('Ctrl-C: the run saves a checkpoint after this step (and an eval under way) and stops '
-           + ('(Ctrl-C again stops at once, losing the steps since the last checkpoint).'
-              if one_host else 'when the hosts next agree, every train.log_every steps.'))
-    self.signal_name = self.signal_name or signal.Signals(signum).name
-
-  @contextlib.contextmanager
-  def deferred(self):
-    """A Ctrl-C meant to stop at once waits until the block ends."""
-    self.deferring = True
-    try:
-      yield
-    finally:
-      self.deferring = False
-    if self.at_once_when_done:
-      raise KeyboardInterrupt
-
-  @property
-  def flag(self) -> bool:
-    return self.signal_name is not None
-
-  def requested(self, step: int, every: int) -> bool:
-    """Whether any host got a stop signal; hosts agree every `every` steps (a collective)."""
-    if jax.process_count() == 1:
-      return self.flag
-    if step % every:
-      return False
-    return bool(np.asarray(multihost_utils.process_allgather(np.array(self.flag))).any())
-
-  def describe(self) -> str:
-    return ('Ctrl-C' if self.signal_name == 'SIGINT' else self.signal_name or
-            "Another host's stop signal")
-
-
-def _say(line: str) -> None:
-  """A line on stderr from a signal handler: the main thread may be inside a write to it."""
-  try:
-    print(line, file=sys.stderr, flush=True)
-  except RuntimeError:  # a reentrant write to the buffered stream
-    os.write(2, line.encode() + b'\n')
 
 
 def write_workdir_files(config, workdir: str, tokenizer) -> None:
