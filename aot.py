@@ -34,6 +34,7 @@ import numpy as np
 from ml_collections import config_flags
 
 from trainer import cli
+from trainer import peaks
 from trainer import sharding
 from trainer import steps
 import trainer.checks
@@ -88,7 +89,7 @@ class Chip:
   nodes are reached over the network at `network_bytes_per_sec` each (one NIC per GPU).
   """
   hbm_bytes: int
-  bf16_flops: float  # peak dense bf16 FLOP/s
+  peak: peaks.Peak  # dense matmul FLOP/s by compute dtype (trainer/peaks.py)
   hbm_bytes_per_sec: float
   link_bytes_per_sec: float
   network_bytes_per_sec: float = 0.0  # GPUs only: a TPU slice is one ICI domain
@@ -107,23 +108,23 @@ class Chip:
 
 
 CHIPS = {
-    # Cloud TPU docs: bf16 peak, HBM and its bandwidth, ICI per chip (half the bidirectional).
-    'v4': Chip(32 * GiB, 275e12, 1228e9, 300e9, libtpu_name='v4', megacore=True),
-    'v5e': Chip(16 * GiB, 197e12, 819e9, 200e9, libtpu_name='v5e'),
-    'v5p': Chip(95 * GiB, 459e12, 2765e9, 600e9, libtpu_name='v5', megacore=True),
-    'v6e': Chip(32 * GiB, 918e12, 1640e9, 400e9, libtpu_name='v6e'),
+    # Cloud TPU docs: HBM and its bandwidth, ICI per chip (half the bidirectional).
+    'v4': Chip(32 * GiB, peaks.PEAKS['tpu v4'], 1228e9, 300e9, libtpu_name='v4', megacore=True),
+    'v5e': Chip(16 * GiB, peaks.PEAKS['tpu v5 lite'], 819e9, 200e9, libtpu_name='v5e'),
+    'v5p': Chip(95 * GiB, peaks.PEAKS['tpu v5'], 2765e9, 600e9, libtpu_name='v5', megacore=True),
+    'v6e': Chip(32 * GiB, peaks.PEAKS['tpu v6'], 1640e9, 400e9, libtpu_name='v6e'),
 }
 _HOPPER = dict(compute_capability=(9, 0), sm_count=132, fp32_units_per_sm=128,
                shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
                l2_cache_bytes=50 * 2**20, clock_ghz=1.98)
-# NVIDIA's data sheets (SXM parts): dense bf16 tensor-core peak, memory, NVLink (half of the
-# bidirectional figure), and DGX nodes' one InfiniBand NIC per GPU (A100 200, H100/H200 400 Gb/s).
+# NVIDIA's data sheets (SXM parts): memory and its bandwidth, NVLink (half of the bidirectional
+# figure), and DGX nodes' one InfiniBand NIC per GPU (A100 200, H100/H200 400 Gb/s).
 GPUS = {
-    'a100': Chip(85_100_068_864, 312e12, 2039e9, 300e9, 25e9, gpu=GpuTarget(
+    'a100': Chip(85_100_068_864, peaks.PEAKS['a100'], 2039e9, 300e9, 25e9, gpu=GpuTarget(
         'NVIDIA A100-SXM4-80GB', (8, 0), 108, 64, 164 * 1024, 163 * 1024, 40 * 2**20, 1.41)),
-    'h100': Chip(84_942_979_072, 989e12, 3350e9, 450e9, 50e9,
+    'h100': Chip(84_942_979_072, peaks.PEAKS['h100'], 3350e9, 450e9, 50e9,
                  gpu=GpuTarget('NVIDIA H100 80GB HBM3', **_HOPPER)),
-    'h200': Chip(151_397_597_184, 989e12, 4800e9, 450e9, 50e9,
+    'h200': Chip(151_397_597_184, peaks.PEAKS['h200'], 4800e9, 450e9, 50e9,
                  gpu=GpuTarget('NVIDIA H200', **_HOPPER)),
 }
 GPUS_PER_NODE = 8  # an NVLink domain: an HGX/DGX board
@@ -304,21 +305,94 @@ def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
                     for _, size, opcode, operands in members)
 
 
-def hlo_bytes(hlo_text: str) -> float:
-  """HBM bytes a step moves, from compiled HLO: every op that runs (a fusion as one, loop
-  bodies times their trips) reads its operands and writes its result once, no cache reuse,
-  except what is sliced (only the slice is read) or updated in place (only the update is
-  written). It stands in for XLA's count where XLA gives none (GPUs)."""
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One op of a compiled GPU step that runs as a kernel (a fusion, a library call, a lone op)."""
+  name: str
+  kind: str  # 'matmul' (a dot: tensor cores), 'attention' (cuDNN's), 'collective' or 'vector'
+  flops: float  # matmul and attention: the dots' FLOPs; vector: one per element of each op
+  bytes: float  # read and written, as hlo_bytes counts them
+  times: int  # runs per step: a loop body's as many as its trips
+
+
+# Ops in a fused computation that compute nothing per element (they move or name data).
+_NO_FLOPS = _NO_TRAFFIC | {'bitcast-convert', 'broadcast', 'concatenate', 'copy', 'dynamic-slice',
+                           'dynamic-update-slice', 'gather', 'iota', 'pad', 'reshape', 'reverse',
+                           'slice', 'transpose'}
+
+
+def _dims(shape: str) -> list[int]:
+  found = _SHAPE_RE.search(shape)
+  return [int(d) for d in found.group(2).split(',') if d] if found else []
+
+
+def _dot_flops(shape: str, arguments: str, lhs_shape: str) -> float:
+  """2 x the result's elements x the contracted size, from a dot's (or a cuBLAS call's) HLO."""
+  contracting = (re.search(r'lhs_contracting_dims=\{([\d,]*)\}', arguments) or
+                 re.search(r'"lhs_contracting_dimensions":\[([\d",]*)\]', arguments))
+  lhs = _dims(lhs_shape)
+  size = math.prod(lhs[int(d)] for d in re.findall(r'\d+', contracting.group(1))
+                   ) if contracting else 1
+  return 2.0 * math.prod(_dims(shape)) * size
+
+
+def _attention_flops(target: str, arguments: str) -> float:
+  """cuDNN's fused attention: two matmuls of B x H x L x S x K forward; the backward pass
+  recomputes the scores and makes four products (dQ, dK, dV and the probabilities')."""
+  scores = re.search(r'"intermediate_tensor_shape":\s*\{"element_type":\s*"\w+",\s*'
+                     r'"dimensions":\s*\[([\d", ]+)\]', arguments)
+  query = re.search(r'operand_layout_constraints=\{\w+\[([\d,]+)\]', arguments)
+  if not scores or not query:
+    return 0.0
+  size = math.prod(int(d) for d in re.findall(r'\d+', scores.group(1)))
+  return (10 if 'Backward' in target else 4) * size * int(query.group(1).split(',')[-1])
+
+
+def _fused_flops(computations: dict[str, list[str]], name: str,
+                 memo: dict[str, tuple[float, float]]) -> tuple[float, float]:
+  """(dot FLOPs, other FLOPs) of a fused computation, nested fusions included."""
+  if name not in memo:
+    dots = others = 0.0
+    shapes: dict[str, str] = {}
+    for line in computations.get(name, []):
+      match = _INSTRUCTION_RE.match(line)
+      if not match:
+        continue
+      instruction, shape, opcode, arguments = match.groups()
+      shapes[instruction] = shape
+      if opcode == 'dot':
+        dots += _dot_flops(shape, arguments, shapes.get(_operands(arguments)[0], ''))
+      elif opcode in ('fusion', 'call'):
+        nested = _fused_flops(computations, re.search(r'calls=%?([\w.-]+)', arguments).group(1),
+                              memo)
+        dots, others = dots + nested[0], others + nested[1]
+      elif opcode == 'reduce':
+        others += math.prod(_dims(shapes.get(_operands(arguments)[0], shape)))
+      elif opcode not in _NO_FLOPS:
+        others += math.prod(_dims(shape))
+    memo[name] = (dots, others)
+  return memo[name]
+
+
+def hlo_kernels(hlo_text: str) -> list[Kernel]:
+  """The ops a step runs, from compiled HLO text, each with its FLOPs and the HBM bytes it moves:
+  it reads its operands and writes its result once, no cache reuse, except what is sliced (only
+  the slice is read) or updated in place (only the update is written); loop bodies count their
+  trips."""
   computations, entry = _computations(hlo_text)
   instructions = _instructions(computations, entry)
-  sizes = {name: sum(_shape_bytes(shape)) for name, shape, *_ in instructions}
+  shapes = {name: shape for name, shape, *_ in instructions}
+  sizes = {name: sum(_shape_bytes(shape)) for name, shape in shapes.items()}
   fusions: dict[str, tuple[dict[int, int], int | None]] = {}
-  total = 0.0
-  for name, _, opcode, arguments, times in instructions:
+  flops_memo: dict[str, tuple[float, float]] = {}
+  kernels = []
+  for name, shape, opcode, arguments, times in instructions:
     if opcode in _NO_TRAFFIC or opcode.endswith('-done'):
       continue
-    operands = [sizes.get(op, 0) for op in _operands(arguments)]
+    operand_names = _operands(arguments)
+    operands = [sizes.get(op, 0) for op in operand_names]
     written = sizes[name]
+    kind, flops = 'vector', float(math.prod(_dims(shape)))
     if opcode in _SLICING:
       operands[0] = written
     elif opcode == 'dynamic-update-slice':
@@ -330,8 +404,30 @@ def hlo_bytes(hlo_text: str) -> float:
       reads, in_place = fusions[called.group(1)] if called else ({}, None)
       operands = [reads.get(i, size) for i, size in enumerate(operands)]
       written = written if in_place is None else in_place
-    total += times * (written + sum(operands))
-  return total
+      dots, others = _fused_flops(computations, called.group(1), flops_memo) if called else (0, 0)
+      kind, flops = ('matmul', dots) if dots else ('vector', others)
+    elif opcode == 'custom-call':
+      target = re.search(r'custom_call_target="([^"]+)"', arguments)
+      target = target.group(1) if target else ''
+      if target.startswith('__cudnn$fmha'):
+        kind, flops = 'attention', _attention_flops(target, arguments)
+      elif target.startswith('__cublas'):
+        lhs = shapes.get(operand_names[0], '') if operand_names else ''
+        kind, flops = 'matmul', _dot_flops(_top_level(shape)[0], arguments, lhs)
+      else:
+        flops = 0.0
+    elif opcode == 'dot':
+      kind, flops = 'matmul', _dot_flops(shape, arguments, shapes.get(operand_names[0], ''))
+    elif opcode.removesuffix('-start') in COLLECTIVES:
+      kind = 'collective'
+    kernels.append(Kernel(name, kind, flops, written + sum(operands), times))
+  return kernels
+
+
+def hlo_bytes(hlo_text: str) -> float:
+  """HBM bytes a step moves, from compiled HLO (hlo_kernels' counts). It stands in for XLA's
+  count where XLA gives none (GPUs)."""
+  return sum(kernel.bytes * kernel.times for kernel in hlo_kernels(hlo_text))
 
 
 def _replica_groups(attributes: str, num_devices: int) -> list[list[int]]:
@@ -499,7 +595,8 @@ def unrolled_cost(config, mesh) -> dict[str, float] | None:
 
 
 def step_estimate(cost: dict[str, float], unrolled: dict[str, float] | None, model_flops: float,
-                  chip: Chip, num_devices: int) -> tuple[float, str, float]:
+                  chip: Chip, num_devices: int, dtype: str = 'bfloat16'
+                  ) -> tuple[float, str, float]:
   """Seconds per step, where they come from, and how much XLA's FLOPs fall short of the model's.
 
   The roofline of XLA's per-device FLOP and byte counts, max(FLOPs / peak, bytes / bandwidth),
@@ -516,21 +613,47 @@ def step_estimate(cost: dict[str, float], unrolled: dict[str, float] | None, mod
   looped = undercount >= 1.5  # the analytic FLOPs leave out softmaxes and norms, not half
   if xla_optimal > 0 and not (unrolled or looped):
     return xla_optimal, 'xla_optimal_seconds', undercount
-  roofline = max(xla_flops * undercount / chip.bf16_flops,
+  roofline = max(xla_flops * undercount / chip.peak.flops(dtype),
                  float(counts.get('bytes accessed', 0.0)) * undercount / chip.hbm_bytes_per_sec)
   if unrolled:
     return roofline, 'roofline, layers unrolled', undercount
   return roofline, 'roofline, loop scaled' if looped else 'roofline', undercount
 
 
-def gpu_compute_estimate(hlo: str, model_flops: float, chip: Chip, num_devices: int
-                         ) -> tuple[float, str, dict[str, float]]:
-  """Seconds of a GPU step's compute, where they come from, and the counts: XLA gives no cost
-  analysis for GPUs, so the roofline of the models' analytic FLOPs and the HLO's bytes."""
-  counts = {'flops': model_flops / num_devices, 'bytes accessed': hlo_bytes(hlo)}
-  seconds = max(counts['flops'] / chip.bf16_flops,
-                counts['bytes accessed'] / chip.hbm_bytes_per_sec)
-  return seconds, "roofline of the models' FLOPs and the HLO's bytes", counts
+# The per-kernel GPU estimate's assumptions (docs/accelerators.md compares it with steps measured
+# on an H100): the share of the dense peak XLA's matmul kernels reach (XLA's own table of
+# measured H100 bf16 matmuls has 0.64 at 2048^3 and 0.79 at 4096^3), the share of the HBM
+# bandwidth a streaming kernel reaches (assumed), and each kernel's fixed cost: its launch
+# (XLA's GPU cost model takes 1 us for that alone) and the ramp-up and tail of its blocks.
+MATMUL_EFFICIENCY = 0.7
+HBM_EFFICIENCY = 0.9
+KERNEL_SECONDS = 2e-6
+
+
+def gpu_compute_estimate(hlo: str, chip: Chip, dtype: str
+                         ) -> tuple[float, str, dict[str, float], dict[str, float]]:
+  """Seconds of a GPU step's compute, where they come from, the counts, and the seconds by kind.
+
+  XLA gives no cost analysis for GPUs. Each kernel of the compiled step (hlo_kernels; the
+  collectives are collective_seconds') takes the larger of its FLOPs at its rate and its bytes
+  at HBM_EFFICIENCY of the bandwidth, plus KERNEL_SECONDS; the kernels run one after another.
+  Matmuls and cuDNN's attention run at MATMUL_EFFICIENCY of the dense peak in the compute dtype,
+  the rest on the CUDA cores (SMs x FP32 units x clock x 2).
+  """
+  kernels = [k for k in hlo_kernels(hlo) if k.kind != 'collective']
+  gpu = chip.gpu
+  tensor_cores = chip.peak.flops(dtype) * MATMUL_EFFICIENCY
+  rates = {'matmul': tensor_cores, 'attention': tensor_cores,
+           'vector': gpu.sm_count * gpu.fp32_units_per_sm * gpu.clock_ghz * 1e9 * 2}
+  bandwidth = chip.hbm_bytes_per_sec * HBM_EFFICIENCY
+  by_kind = {kind: 0.0 for kind in rates}
+  for k in kernels:
+    by_kind[k.kind] += k.times * max(k.flops / rates[k.kind], k.bytes / bandwidth)
+  launches = sum(k.times for k in kernels)
+  by_kind['fixed'] = launches * KERNEL_SECONDS
+  counts = {'flops': sum(k.flops * k.times for k in kernels),
+            'bytes accessed': sum(k.bytes * k.times for k in kernels), 'kernels': launches}
+  return sum(by_kind.values()), f'per kernel, {launches} kernels', counts, by_kind
 
 
 def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[str, Any]:
@@ -568,20 +691,21 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   hlo = compiled.as_text()
   cost = _cost(compiled)
+  by_kind = {}
   if chip.gpu:
-    compute_seconds, source, counts = gpu_compute_estimate(hlo, model_flops, chip, mesh.size)
+    compute_seconds, source, counts, by_kind = gpu_compute_estimate(hlo, chip, model_cfg.dtype)
     undercount = 1.0
   else:
     # Only a step that fits is worth the two more compiles of the unrolled estimate.
     unrolled = unrolled_cost(config, mesh) if unroll_estimate else None
     compute_seconds, source, undercount = step_estimate(cost, unrolled, model_flops, chip,
-                                                        mesh.size)
+                                                        mesh.size, model_cfg.dtype)
     counts = unrolled or cost
   found = collectives(hlo, chip, [d.process_index for d in mesh.devices.flat])
   comm_seconds = collective_seconds(found)
   step_seconds = compute_seconds + comm_seconds
   dp = sharding.data_parallel_size(mesh)
-  peak = mesh.size * chip.bf16_flops
+  peak = mesh.size * chip.peak.flops(model_cfg.dtype)
   return {
       'model': config.model_name, 'topology': topology, 'platform': chip.platform,
       'device_kind': devices[0].device_kind,
@@ -606,6 +730,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'compute_seconds': compute_seconds,
       'collective_seconds': comm_seconds,
       'step_seconds_source': source,
+      'compute_seconds_by_kind': by_kind,  # GPUs: matmul, attention, vector and fixed costs
       'xla_optimal_seconds': float(cost.get('optimal_seconds', -1.0)),
       'xla_flops_per_device': float(counts.get('flops', 0.0)),
       'xla_bytes_per_device': float(counts.get('bytes accessed', 0.0)),
@@ -715,6 +840,9 @@ def print_table(report: dict[str, Any], by_op: int = 0) -> None:
                           f" + collectives {report['collective_seconds'] * 1e3:.1f}; MFU bound "
                           f"{report['mfu_bound']:.2f} ({report['mfu_bound_overlapped']:.2f} if "
                           'they overlapped)'),
+      *([('compute (estimate)', ' + '.join(
+          f'{kind} {seconds * 1e3:.1f}' for kind, seconds in report['compute_seconds_by_kind'].items()
+          if seconds) + ' ms')] if report['compute_seconds_by_kind'] else []),
       ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s"
                         + (f"; measured here: {report['input_examples_per_sec']:.0f} with "
                            f"{report['input_workers']} workers, "

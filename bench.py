@@ -5,9 +5,11 @@
     python bench.py --config=configs/bert_base.py:base --input_only --config.data.workers=2
 
 Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
-model FLOPs per step, achieved FLOP/s, MFU against this machine's float32
-matmul peak (measured here, first), compile seconds, peak memory, page faults
-per step, and the training input's examples/s on the configured source, made
+model FLOPs per step, achieved FLOP/s, MFU against the chip's published dense
+peak in the model's compute dtype (trainer/peaks.py: H100, H200, A100, TPU v4,
+v5e, v5p, v6e) or, on a CPU or another chip, against the matmul peak measured
+here in that dtype; that measured peak and the MFU against it always; compile
+seconds, peak memory, page faults per step, and the training input's examples/s on the configured source, made
 by data.workers processes as train.py makes it (--config.data.workers=N), in
 total and per worker; --input_only measures only that. On a
 CPU backend, glibc's malloc is first set to keep freed memory, as train.py
@@ -40,6 +42,7 @@ from ml_collections import config_flags
 import input_pipeline
 from trainer import cli
 from trainer import host_memory
+from trainer import peaks
 from trainer import phases
 from trainer import sharding
 import trainer.checks
@@ -47,11 +50,15 @@ import trainer.loop
 import trainer.state
 
 
-def matmul_peak_flops(sizes=(1024, 2048, 3072), repeats=5) -> float:
-  """Best float32 matmul FLOP/s of this machine over a few square sizes."""
+def matmul_peak_flops(dtype: str = 'float32', sizes: tuple[int, ...] | None = None,
+                      repeats: int = 5) -> float:
+  """Best matmul FLOP/s of this machine's first device over a few square sizes, in `dtype`
+  (an accelerator's default sizes are larger: its small matmuls do not fill it)."""
+  if sizes is None:
+    sizes = (1024, 2048, 3072) if jax.default_backend() == 'cpu' else (4096, 8192)
   best = 0.0
   for n in sizes:
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), dtype)
     matmul = jax.jit(lambda x, y: x @ y)
     matmul(a, a).block_until_ready()
     start = time.perf_counter()
@@ -59,6 +66,16 @@ def matmul_peak_flops(sizes=(1024, 2048, 3072), repeats=5) -> float:
       matmul(a, a).block_until_ready()
     best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start))
   return best
+
+
+def mfu_reference(device_kind: str, dtype: str, measured: float) -> tuple[float, str]:
+  """The peak FLOP/s of one device that MFU divides by, and what it is: the chip's published
+  dense peak in the compute dtype (trainer/peaks.py), else (a CPU, a GPU not in the table) the
+  matmul peak measured here in that dtype."""
+  published = peaks.published(device_kind)
+  if published:
+    return published.flops(dtype), f'published {dtype} peak of {device_kind}: {published.source}'
+  return measured, f'{dtype} matmul peak measured here on {device_kind}'
 
 
 def peak_memory_bytes() -> int:
@@ -188,13 +205,14 @@ def profile(compiled, state, batch, directory: str, steps: int = 3
 
 def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
               input_seconds: float = 30.0, keeps_freed_memory: bool = False) -> dict:
-  peak = matmul_peak_flops()
   mesh = sharding.make_mesh(config.mesh)
   # A fine-tuning config's sizes come from its init_from.
   trainer.checks.inherit_unset_fields(config, None)
   trainer.checks.validate(config, mesh)
   model_module = importlib.import_module(f'models.{config.model_name}')
   model_cfg = trainer.checks.model_config(config)
+  measured_peak = matmul_peak_flops(model_cfg.dtype)
+  peak, peak_source = mfu_reference(jax.devices()[0].device_kind, model_cfg.dtype, measured_peak)
   _, _, state, step_fn, _ = trainer.state.build(config, mesh)
   batch_size = config.train.batch_size
   local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
@@ -221,8 +239,9 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir) if profile_dir
                              else (None, 0, None))
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
-  if jax.default_backend() != 'cpu':  # the peak was measured on one of several accelerators
+  if jax.default_backend() != 'cpu':  # the peaks are one of several accelerators'
     peak *= jax.device_count()
+    measured_peak *= jax.device_count()
   tokens = batch_size * config.data.max_seq_length * config.data.get('num_choices', 1)
   return {
       'model': config.model_name, 'batch_size': batch_size,
@@ -232,8 +251,11 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'tokens_per_sec': round(tokens / step_seconds, 1),
       'model_flops_per_step': flops,
       'achieved_flops_per_sec': round(flops / step_seconds, 1),
-      'matmul_peak_flops_per_sec': round(peak, 1),
+      'peak_flops_per_sec': round(peak, 1),
+      'peak_source': peak_source,
       'mfu': round(flops / step_seconds / peak, 4),
+      'matmul_peak_flops_per_sec': round(measured_peak, 1),  # measured here, in `dtype`
+      'mfu_of_matmul_peak': round(flops / step_seconds / measured_peak, 4),
       'compile_seconds': round(compile_seconds, 2),
       'peak_memory_bytes': peak_memory_bytes(),
       'page_faults_per_step': round(faults),  # minor: pages the kernel mapped (and zeroed)

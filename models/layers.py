@@ -16,8 +16,12 @@ from typing import Any, Callable, Sequence
 import flax
 import flax.linen as nn
 import jax
-from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 import jax.numpy as jnp
+
+try:  # an experimental module: a jax newer than the pin may move it (then model.attention=xla)
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+except ImportError:
+  tpu_flash = None
 
 from models.dropout import Dropout
 from models.dropout import dropout

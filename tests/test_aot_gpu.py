@@ -12,6 +12,7 @@ import pytest
 import aot
 from configs import bert_base
 from models import layers
+from trainer import peaks
 import trainer.checks
 
 
@@ -82,7 +83,8 @@ def test_an_unknown_gpu_topology_is_one_line():
 
 def test_collective_seconds_of_a_hand_written_step():
   # Two hosts of two devices; 100 GB/s inside a host, 10 GB/s between hosts.
-  chip = aot.Chip(hbm_bytes=1, bf16_flops=1.0, hbm_bytes_per_sec=1.0, link_bytes_per_sec=100e9,
+  chip = aot.Chip(hbm_bytes=1, peak=peaks.Peak(1.0, 1.0, ''), hbm_bytes_per_sec=1.0,
+                  link_bytes_per_sec=100e9,
                   network_bytes_per_sec=10e9, gpu=aot.GPUS['h100'].gpu)
   hosts = [0, 0, 1, 1]
   hlo = '\n'.join([
@@ -123,6 +125,85 @@ def test_collective_seconds_of_a_hand_written_step():
   tpu = dataclasses.replace(chip, network_bytes_per_sec=0.0, gpu=None)
   assert aot.collective_seconds(aot.collectives(hlo, tpu, hosts)) == pytest.approx(
       (4000 + 1800 + 20 + 1000 + 40) / 100e9)
+
+
+_FMHA_CONFIG = ('"cudnn_fmha_backend_config": {"fmha_scale": 0.125, "intermediate_tensor_shape": '
+                '{"element_type": "BF16", "dimensions": ["2", "4", "128", "128"]}}')
+KERNELS_HLO = '\n'.join([
+    'HloModule step',
+    '%gemm (p0: bf16[64,32], p1: bf16[32,16]) -> bf16[64,16] {',
+    '  %p0 = bf16[64,32]{1,0} parameter(0)',
+    '  %p1 = bf16[32,16]{1,0} parameter(1)',
+    '  %n = bf16[32,16]{1,0} negate(%p1)',
+    '  ROOT %d = bf16[64,16]{1,0} dot(%p0, %n), lhs_contracting_dims={1}, rhs_contracting_dims={0}',
+    '}',
+    '%outer (o0: bf16[64,32], o1: bf16[32,16]) -> bf16[64,16] {',  # Triton's nested gemm fusion
+    '  %o0 = bf16[64,32]{1,0} parameter(0)',
+    '  %o1 = bf16[32,16]{1,0} parameter(1)',
+    '  ROOT %inner = bf16[64,16]{1,0} fusion(%o0, %o1), kind=kCustom, calls=%gemm',
+    '}',
+    '%scale (q0: f32[1000]) -> f32[1000] {',
+    '  %q0 = f32[1000]{0} parameter(0)',
+    '  %e = f32[1000]{0} exponential(%q0)',
+    '  %b = f32[1000]{0} broadcast(f32[] %c), dimensions={}',
+    '  ROOT %m = f32[1000]{0} multiply(%e, %b)',
+    '}',
+    '%body (t: (s32[], f32[1000])) -> (s32[], f32[1000]) {',
+    '  %t = (s32[], f32[1000]{0}) parameter(0)',
+    '  %x = f32[1000]{0} get-tuple-element(%t), index=1',
+    '  %f = f32[1000]{0} fusion(%x), kind=kLoop, calls=%scale',
+    '}',
+    'ENTRY %main (a: bf16[64,32], w: bf16[32,16], v: f32[1000]) -> bf16[64,16] {',
+    '  %a = bf16[64,32]{1,0} parameter(0)',
+    '  %w = bf16[32,16]{1,0} parameter(1)',
+    '  %v = f32[1000]{0} parameter(2)',
+    '  %q = bf16[2,128,4,64]{3,2,1,0} parameter(3)',
+    '  %g = bf16[64,16]{1,0} fusion(%a, %w), kind=kCustom, calls=%outer',
+    '  %loop = (s32[], f32[1000]{0}) while(%v), condition=%cond, body=%body, '
+    'backend_config={"known_trip_count":{"n":"3"}}',
+    '  %ar = f32[1000]{0} all-reduce-start(%v), replica_groups={}, to_apply=%add',
+    '  %att = (bf16[2,4,128,64]{3,1,2,0}, f32[2,4,128]{2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), '
+    'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[2,128,4,64]{3,2,1,0}, '
+    'bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}}, backend_config={' + _FMHA_CONFIG + '}',
+    '}',
+])
+
+
+def test_per_kernel_estimate_of_a_hand_written_step(monkeypatch):
+  kernels = {k.name: k for k in aot.hlo_kernels(KERNELS_HLO)}
+  assert set(kernels) == {'g', 'f', 'ar', 'att'}
+  # The nested gemm fusion: 2 x 64 x 16 x 32 FLOPs; reads a and w, writes g (bf16).
+  assert (kernels['g'].kind, kernels['g'].flops, kernels['g'].bytes) == (
+      'matmul', 2 * 64 * 16 * 32, 2 * (64 * 32 + 32 * 16 + 64 * 16))
+  # exp and multiply per element (the broadcast computes nothing), 3 trips, 4000 bytes each way.
+  assert (kernels['f'].kind, kernels['f'].flops, kernels['f'].bytes, kernels['f'].times) == (
+      'vector', 2000, 8000, 3)
+  # cuDNN's forward attention: 4 x B H L S K; reads q, k, v, writes its output and statistics.
+  q_bytes = 2 * 128 * 4 * 64 * 2
+  assert (kernels['att'].kind, kernels['att'].flops, kernels['att'].bytes) == (
+      'attention', 4 * 2 * 4 * 128 * 128 * 64, 3 * q_bytes + q_bytes + 2 * 4 * 128 * 4)
+  assert kernels['ar'].kind == 'collective'
+  assert aot.hlo_bytes(KERNELS_HLO) == sum(k.bytes * k.times for k in kernels.values())
+
+  monkeypatch.setattr(aot, 'MATMUL_EFFICIENCY', 0.5)
+  monkeypatch.setattr(aot, 'HBM_EFFICIENCY', 0.5)
+  monkeypatch.setattr(aot, 'KERNEL_SECONDS', 1e-6)
+  chip = dataclasses.replace(aot.GPUS['h100'], peak=peaks.Peak(2e12, 1e12, ''),
+                             hbm_bytes_per_sec=2e11)
+  seconds, source, counts, by_kind = aot.gpu_compute_estimate(KERNELS_HLO, chip, 'bfloat16')
+  vector_rate = 132 * 128 * 1.98e9 * 2  # the H100's CUDA cores
+  expected = {
+      'matmul': max(65536 / 1e12, 7168 / 1e11),  # FLOPs at half of 2e12, bytes at half of 2e11
+      'attention': max(33554432 / 1e12, 528384 / 1e11),
+      'vector': 3 * max(2000 / vector_rate, 8000 / 1e11),
+      'fixed': 5 * 1e-6,  # g, att and f's 3 trips; the collective is collective_seconds'
+  }
+  assert by_kind == pytest.approx(expected)
+  assert seconds == pytest.approx(sum(expected.values()))
+  assert counts['kernels'] == 5 and source == 'per kernel, 5 kernels'
+  # float32 matmuls run at the TF32 peak (half of bfloat16's here).
+  assert aot.gpu_compute_estimate(KERNELS_HLO, chip, 'float32')[3]['attention'] == pytest.approx(
+      33554432 / 0.5e12)
 
 
 def test_hlo_bytes_agree_with_xla_cost_analysis():

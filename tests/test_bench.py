@@ -21,9 +21,31 @@ def test_benchmark_reports_consistent_figures(shared_data_dir):
   assert all(result[k] > 0 for k in expected)
   tokens = config.train.batch_size * config.data.max_seq_length
   assert abs(result['tokens_per_sec'] * result['step_seconds'] - tokens) < 0.01 * tokens
+  # On the CPU, MFU's reference is the float32 matmul peak measured here.
+  assert result['peak_flops_per_sec'] == result['matmul_peak_flops_per_sec']
+  assert 'measured here' in result['peak_source'] and 'float32' in result['peak_source']
   assert abs(result['mfu'] - result['achieved_flops_per_sec'] /
              result['matmul_peak_flops_per_sec']) < 1e-3
+  assert 0 < result['mfu'] <= 1 and result['mfu'] == result['mfu_of_matmul_peak']
   assert result['devices'] == len(jax.devices())
+
+
+def test_mfu_divides_by_the_chips_published_peak_in_the_compute_dtype():
+  # The H100 runs bfloat16 at 989 TFLOP/s and float32 as TF32 at half that; a measured float32
+  # matmul (169 TFLOP/s there) is not the reference of a bfloat16 model (it gave MFU 1.63).
+  peak, source = bench.mfu_reference('NVIDIA H100 80GB HBM3', 'bfloat16', measured=169e12)
+  assert peak == 989e12 and 'H100' in source and 'published' in source
+  assert bench.mfu_reference('NVIDIA H100 80GB HBM3', 'float32', 169e12)[0] == 494.5e12
+  assert bench.mfu_reference('NVIDIA H100 PCIe', 'bfloat16', 1.0)[0] == 756e12
+  assert bench.mfu_reference('NVIDIA H200', 'float16', 1.0)[0] == 989e12
+  assert bench.mfu_reference('NVIDIA A100-SXM4-80GB', 'bfloat16', 1.0)[0] == 312e12
+  tpus = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6 lite': 918e12}
+  for kind, flops in tpus.items():  # the device kinds libtpu reports (aot.py's topologies)
+    assert bench.mfu_reference(kind, 'bfloat16', 1.0)[0] == flops
+    assert bench.mfu_reference(kind, 'float32', 1.0)[0] == flops  # bfloat16 passes on the MXU
+  assert bench.mfu_reference('cpu', 'float32', 2e11) == (2e11, 'float32 matmul peak measured '
+                                                                'here on cpu')
+  assert bench.mfu_reference('NVIDIA GeForce RTX 4090', 'bfloat16', 3e14)[0] == 3e14
 
 
 def test_profile_names_the_hlo_ops_that_take_the_time(shared_data_dir, tmp_path):

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 import input_pipeline
+from models import layers
 from trainer import checkpoints
 from trainer import phases
 from trainer import ranges
@@ -38,6 +39,10 @@ def model_config(config, platform: str | None = None) -> Any:
   if kernel in KERNEL_PLATFORMS and platform != KERNEL_PLATFORMS[kernel]:
     raise ValueError(f'model.attention={kernel} is a {KERNEL_PLATFORMS[kernel].upper()} kernel '
                      f'and this runs on {platform}: use model.attention=auto or xla.')
+  if kernel == 'flash' and layers.tpu_flash is None:
+    raise ValueError(f'model.attention=flash: this jax ({jax.__version__}) has no '
+                     'jax.experimental.pallas.ops.tpu.flash_attention: use model.attention=auto '
+                     'or xla, or the pinned jax of requirements.txt.')
   if kernel == 'cudnn' and fields['dtype'] not in CUDNN_DTYPES:
     raise ValueError(f'model.attention=cudnn computes in {" or ".join(CUDNN_DTYPES)} and '
                      f'model.dtype is {fields["dtype"]}: set model.dtype=auto or use '
@@ -54,7 +59,7 @@ def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   if fields['attention_dropout_rate']:
     return 'xla'
   if platform == 'tpu':
-    return 'flash'
+    return 'flash' if layers.tpu_flash else 'xla'
   head_dim = fields['hidden_size'] // fields['num_heads']
   if platform == 'gpu' and fields['dtype'] in CUDNN_DTYPES and head_dim <= 128 and not head_dim % 8:
     return 'cudnn'

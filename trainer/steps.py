@@ -1,9 +1,12 @@
 """The jitted train and eval steps."""
 
+import re
+import sys
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jaxlib
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -27,9 +30,45 @@ GPU_COMPILER_OPTIONS = {
 GPU_MEMORY_FRACTION = 0.9
 
 
+# Each platform's options for the steps (none on CPU and TPU; a test adds some for CPU).
+PLATFORM_OPTIONS = {'gpu': GPU_COMPILER_OPTIONS}
+_REFUSED = re.compile(r"No such compile option: '([\w.]+)'")
+# What this process's jaxlib accepted of each platform's options, found once (a newer jaxlib
+# than the pin drops options it no longer knows, and refuses the compile that names them).
+_accepted: dict[tuple[str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
+
+
 def compiler_options(mesh) -> dict[str, Any] | None:
-  """XLA options for steps on the mesh's platform (GPU_COMPILER_OPTIONS on GPUs)."""
-  return dict(GPU_COMPILER_OPTIONS) if mesh.devices.flat[0].platform == 'gpu' else None
+  """XLA options for steps on the mesh's platform (GPU_COMPILER_OPTIONS on GPUs), less any
+  that the installed jaxlib refuses: each of those is named in one line, once a process."""
+  device = mesh.devices.flat[0]
+  wanted = PLATFORM_OPTIONS.get(device.platform)
+  if not wanted:
+    return None
+  key = (device.platform, tuple(wanted.items()))
+  if key not in _accepted:
+    _accepted[key] = accepted_options(mesh, dict(wanted))
+  return dict(_accepted[key])
+
+
+def accepted_options(mesh, options: dict[str, Any]) -> dict[str, Any]:
+  """`options` less those the compiler refuses, found by compiling x + 1 for the mesh's devices
+  (real or compile-only ones) until it compiles; each dropped option is said in one line."""
+  platform = mesh.devices.flat[0].platform
+  probe = jax.ShapeDtypeStruct((8,), jax.numpy.float32, sharding=sharding.replicated(mesh))
+  options = dict(options)
+  while options:
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=options).lower(probe).compile()
+      break
+    except Exception as e:  # pylint: disable=broad-except
+      refused = _REFUSED.search(str(e))
+      if not refused or refused.group(1) not in options:
+        break  # another reason: the step's own compile will say it
+      del options[refused.group(1)]
+      print(f'XLA option {refused.group(1)} is not known to this jaxlib ({jaxlib.__version__}, '
+            f'{platform}): the steps compile without it.', file=sys.stderr, flush=True)
+  return options
 
 
 def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callable:
