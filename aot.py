@@ -29,7 +29,6 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from jax.experimental import topologies
 import numpy as np
 from ml_collections import config_flags
 
@@ -173,6 +172,7 @@ def topology_devices(name: str) -> tuple[Chip, list[Any]]:
   nodes (one process per node, described by jax's CUDA plugin)."""
   chip, topology_name, dims = parse_topology(name)
   try:
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top (experimental)
     if chip.gpu:
       topology = topologies.get_topology_desc(
           platform='cuda', topology=topology_name,

@@ -2,8 +2,10 @@
 a NaN batch, a full disk. Each test makes the fault happen and checks what is left and what a
 rerun of the same command does."""
 
+import gc
 import glob
 import json
+import logging
 import os
 import random
 import shutil
@@ -50,23 +52,49 @@ def assert_same_arrays(a, b, **tolerance):
   jax.tree.map(check, a, b)
 
 
-def damage(workdir, step, how):
-  """Damages checkpoint `step` as a failing disk or an interrupted copy would."""
+def array_files(workdir, step):
+  """The files of checkpoint `step` that hold its arrays (OCDBT's data files), smallest first."""
+  directory = os.path.join(workdir, 'checkpoints', str(step), 'state', 'ocdbt.process_0', 'd')
+  return sorted(glob.glob(os.path.join(directory, '*')), key=os.path.getsize)
+
+
+def damage(workdir, step, how, file_index=-1):
+  """Damages checkpoint `step` as a failing disk or an interrupted copy would (`file_index`:
+  which of its array files, by size)."""
   directory = os.path.join(workdir, 'checkpoints', str(step))
-  arrays = sorted(glob.glob(os.path.join(directory, 'state', 'ocdbt.process_0', 'd', '*')),
-                  key=os.path.getsize)
-  if how == 'flipped bytes':
-    data = bytearray(open(arrays[-1], 'rb').read())
-    for i in range(64, len(data), 499):
+  target = array_files(workdir, step)[file_index]
+  if how == 'flipped bytes':  # one byte in every 499, the first at 64
+    data = bytearray(open(target, 'rb').read())
+    for i in range(min(64, len(data) // 2), len(data), 499):
       data[i] ^= 0xFF
-    open(arrays[-1], 'wb').write(bytes(data))
+    open(target, 'wb').write(bytes(data))
   elif how == 'truncated array file':
-    with open(arrays[-1], 'r+b') as f:
-      f.truncate(os.path.getsize(arrays[-1]) // 3)
+    with open(target, 'r+b') as f:
+      f.truncate(os.path.getsize(target) // 3)
+  elif how == 'missing array file':
+    os.remove(target)
+  elif how == 'bad metadata':  # the state's tree metadata cut in half
+    metadata = os.path.join(directory, 'state', '_METADATA')
+    text = open(metadata, encoding='utf-8').read()
+    open(metadata, 'w', encoding='utf-8').write(text[:len(text) // 2])
   elif how == 'missing data position':
     shutil.rmtree(os.path.join(directory, 'data'))
   else:
     raise AssertionError(how)
+
+
+def assert_one_quiet_line(out, err, step, resumed_from, workdir):
+  """What the terminal shows of an unreadable checkpoint: one line, no traceback, no noise of
+  the reads it abandoned; the full error in the workdir's restore log where a read failed."""
+  text = out + err
+  lines = [l for l in text.splitlines() if l.startswith(f'Checkpoint step {step}')]
+  assert len(lines) == 1 and f'resuming from step {resumed_from}' in lines[0], text[-3000:]
+  for noise in ('Traceback', 'Exception ignored', 'Error', 'tensorstore'):
+    assert noise not in text.replace(lines[0], ''), text[-3000:]
+  assert err.strip() == '', err[-3000:]
+  log = checkpoints.restore_log(workdir)
+  if os.path.exists(log):
+    assert f'(the full error: {log})' in lines[0]
 
 
 # ----------------------------------------------------------------------------
@@ -75,24 +103,111 @@ def damage(workdir, step, how):
 
 # Fault injection: the slow tier (the standard's), every way of spoiling a checkpoint.
 @pytest.mark.slow
-@pytest.mark.parametrize('how', ['flipped bytes', pytest.param('truncated array file',
-                                                               marks=pytest.mark.slow),
-                                 pytest.param('missing data position', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('how', ['flipped bytes', 'truncated array file', 'missing array file',
+                                 'bad metadata', 'missing data position'])
 def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
-    data_dir, tmp_path, capsys, how):
+    data_dir, tmp_path, capfd, how):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
   straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
   run = str(tmp_path / 'run')
   trainer.loop.train_and_evaluate(config, run, stop_after_steps=4)
   damage(run, 4, how)
-  capsys.readouterr()
+  capfd.readouterr()
   resumed = trainer.loop.train_and_evaluate(config, run)
-  out = capsys.readouterr()
-  lines = [l for l in out.out.splitlines() if l.startswith('Checkpoint step 4')]
-  assert len(lines) == 1 and 'resuming from step 2' in lines[0], out.out
-  assert 'Traceback' not in out.err, out.err[-3000:]
+  gc.collect()  # reads abandoned by the failed restore say nothing, even when collected late
+  out, err = capfd.readouterr()
+  assert_one_quiet_line(out, err, 4, 2, run)
   assert os.path.isdir(os.path.join(run, 'unreadable_checkpoints', '4'))  # kept, not deleted
   assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+
+
+@pytest.mark.slow
+def test_flipped_bytes_in_any_array_file_give_one_quiet_line(data_dir, tmp_path, capfd):
+  """Which reads are under way when one fails depends on the bytes hit: each file in turn."""
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+  pristine = str(tmp_path / 'pristine')
+  trainer.loop.train_and_evaluate(config, pristine, stop_after_steps=4)
+  files = array_files(pristine, 4)
+  assert len(files) >= 3
+  for i in range(len(files)):
+    run = str(tmp_path / f'run{i}')
+    shutil.copytree(pristine, run)
+    damage(run, 4, 'flipped bytes', file_index=i)
+    capfd.readouterr()
+    trainer.loop.train_and_evaluate(config, run, stop_after_steps=5)
+    gc.collect()
+    out, err = capfd.readouterr()
+    if not os.path.isdir(os.path.join(run, 'unreadable_checkpoints', '4')):
+      continue  # the bytes hit were not read back (a file's unused tail): it restored
+    assert_one_quiet_line(out, err, 4, 2, run)
+
+
+def test_reads_abandoned_by_a_failed_restore_go_to_the_log_whenever_they_are_collected(
+    tmp_path, capfd, monkeypatch):
+  printed = []  # what Python's own hook (the one before) is given
+  monkeypatch.setattr(sys, 'unraisablehook', printed.append)
+  asyncio_logger = logging.getLogger('asyncio')
+  monkeypatch.setattr(asyncio_logger, 'filters', list(asyncio_logger.filters))
+  log = str(tmp_path / 'restore_errors.log')
+
+  class Pending:  # a read under way: the coroutine waits on it
+    def __await__(self):
+      yield
+
+  async def read_array():  # as orbax's reads: suspended when the restore gave up on them
+    try:
+      await Pending()
+    finally:
+      raise ValueError('read of layer_1/kernel abandoned')
+
+  def abandon():
+    read = read_array()
+    read.send(None)  # started, then dropped: collecting it raises in its `finally`
+    return read
+
+  checkpoints._log_abandoned_reads(str(tmp_path / 'an_earlier_workdir.log'))
+  checkpoints._log_abandoned_reads(log)  # a second failed restore: no second hook, its log
+  for _ in range(2):
+    read = abandon()
+    del read
+    gc.collect()
+  out, err = capfd.readouterr()
+  assert out == '' and err == '' and printed == []
+  text = open(log, encoding='utf-8').read()
+  assert text.count('ValueError: read of layer_1/kernel abandoned') == 2 and 'read_array' in text
+  assert not os.path.exists(tmp_path / 'an_earlier_workdir.log')
+  assert len([f for f in asyncio_logger.filters
+              if isinstance(f, checkpoints._AbandonedReadsFilter)]) == 1
+  # Any other unraisable error goes where it went before.
+  class Noisy:
+    def __del__(self):
+      raise RuntimeError('not a read')
+  Noisy()
+  gc.collect()
+  assert [str(u.exc_value) for u in printed] == ['not a read']
+  assert 'not a read' not in open(log, encoding='utf-8').read()
+
+
+def test_asyncio_records_of_abandoned_reads_go_to_the_log(tmp_path, caplog, monkeypatch):
+  # orbax's event loop reports the futures of the reads it abandoned when they are collected.
+  asyncio_logger = logging.getLogger('asyncio')
+  monkeypatch.setattr(asyncio_logger, 'filters', list(asyncio_logger.filters))
+  monkeypatch.setattr(sys, 'unraisablehook', sys.unraisablehook)
+  log = str(tmp_path / 'restore_errors.log')
+  checkpoints._log_abandoned_reads(log)
+  try:
+    raise ValueError('read of layer_1/kernel abandoned')
+  except ValueError:
+    error = sys.exc_info()
+  with caplog.at_level(logging.ERROR, logger='asyncio'):
+    for what in ('Task', '_GatheringFuture'):
+      asyncio_logger.error(f'{what} exception was never retrieved\nfuture: <{what} finished>',
+                           exc_info=error)
+    asyncio_logger.error('Unclosed client session')  # not a read: printed as before
+  assert [r.getMessage() for r in caplog.records] == ['Unclosed client session']
+  text = open(log, encoding='utf-8').read()
+  assert text.count('ValueError: read of layer_1/kernel abandoned') == 2
+  assert 'future: <_GatheringFuture finished>' in text
 
 
 @pytest.mark.slow
@@ -111,7 +226,7 @@ def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing
 
 
 @pytest.mark.slow
-def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys):
+def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capfd):
   config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
   straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
   run = str(tmp_path / 'run')
@@ -125,11 +240,11 @@ def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capsys)
   mngr.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(bad),
                                       data=ocp.args.JsonSave(position)))
   mngr.wait_until_finished()
-  capsys.readouterr()
+  capfd.readouterr()
   resumed = trainer.loop.train_and_evaluate(config, run)
-  out = capsys.readouterr().out
+  out, err = capfd.readouterr()
   assert 'Checkpoint step 5 cannot be resumed from (params/' in out and 'is not finite' in out, out
-  assert 'resuming from step 4' in out
+  assert_one_quiet_line(out, err, 5, 4, run)
   assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
 
 

@@ -2,10 +2,14 @@
 
 import contextlib
 import gc
+import inspect
+import logging as logging_std
 import os
+import re
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 from absl import logging
@@ -125,6 +129,19 @@ def _reason(error: BaseException) -> str:
   return f'{type(error).__name__}: {text[0] if text else ""}'.strip()
 
 
+_TENSORSTORE_READ = re.compile(r'Error reading "([^"]+)" in \w+ database at [^"]*"[^"]*":? ?'
+                               r'(.*?)(?:; at (?:uncompressed )?byte \d+)*$')
+
+
+def _unreadable_reason(error: BaseException) -> str:
+  """Why a checkpoint cannot be read, in a few words: the array and TensorStore's cause
+  ('params.layer_0.mlp.wi.kernel: ZSTD_decompressStream() failed: Data corruption detected'),
+  else the innermost error's first line."""
+  reason = _reason(error)
+  read = _TENSORSTORE_READ.search(reason)
+  return f'{re.sub(r"/[0-9.]+$", "", read.group(1))}: {read.group(2)}' if read else reason
+
+
 def _set_aside(workdir: str, step: int) -> str:
   """Moves checkpoint `step` to workdir/unreadable_checkpoints/ (never deletes); its new path."""
   target = os.path.join(os.path.abspath(workdir), 'unreadable_checkpoints', str(step))
@@ -140,51 +157,119 @@ def _set_aside(workdir: str, step: int) -> str:
   return target
 
 
-@contextlib.contextmanager
-def _stderr_kept_unless_failed():
-  """Holds back what is written to stderr (file descriptor 2) inside; prints it unless the
-  block raised.
+def restore_log(workdir: str) -> str:
+  """Where a failed restore's full error goes (this host's file): the console gets one line."""
+  index = jax.process_index()
+  return os.path.join(os.path.abspath(workdir),
+                      'restore_errors.log' if index == 0 else f'restore_errors.process_{index}.log')
 
-  When one array of a checkpoint cannot be read, orbax gives up on the others
-  while their reads are under way; each of those then prints its own traceback
-  (hundreds of lines, the same failure). They are dropped, after they are done.
-  """
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as held:
-    os.dup2(held.fileno(), 2)
-    failed = False
-    try:
-      yield
-    except BaseException:
-      failed = True
-      time.sleep(1)  # the abandoned reads finish, and are collected, into `held`
-      gc.collect()
-      raise
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      if not failed:
-        held.seek(0)
-        sys.stderr.write(held.read().decode('utf-8', 'replace'))
+
+class _AbandonedReadsFilter(logging_std.Filter):
+  """Sends asyncio's '<Task, Future, ...> exception was never retrieved' records to a log file
+  instead."""
+
+  def __init__(self, log: str):
+    super().__init__()
+    self.log = log
+
+  def filter(self, record: logging_std.LogRecord) -> bool:
+    if not re.match(r'\w+ exception was never retrieved', record.getMessage()):
+      return True
+    with open(self.log, 'a', encoding='utf-8') as f:
+      f.write(record.getMessage() + '\n')
+      if record.exc_info:
+        f.write(''.join(traceback.format_exception(*record.exc_info)))
+    return False
+
+
+def _log_abandoned_reads(log: str) -> None:
+  """From now on, what the reads orbax abandons when one array of a checkpoint cannot be read
+  print when they are collected (at any later moment) goes to `log`: the errors of coroutines
+  dropped unfinished, and asyncio's 'Task (or Future) exception was never retrieved' with each
+  one's traceback. Every other unraisable error or asyncio record is printed as before."""
+  asyncio_logger = logging_std.getLogger('asyncio')
+  installed = [f for f in asyncio_logger.filters if isinstance(f, _AbandonedReadsFilter)]
+  if installed:  # a restore failed before (in a notebook, another workdir's maybe)
+    installed[0].log = log
+  else:
+    asyncio_logger.addFilter(_AbandonedReadsFilter(log))
+  if hasattr(sys.unraisablehook, 'abandoned_reads_log'):
+    sys.unraisablehook.abandoned_reads_log = log
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not inspect.iscoroutine(unraisable.object):
+      previous(unraisable)
+      return
+    with open(hook.abandoned_reads_log, 'a', encoding='utf-8') as f:
+      f.write(f'{unraisable.err_msg or "Exception ignored in"}: {unraisable.object!r}\n')
+      f.write(''.join(traceback.format_exception(unraisable.exc_type, unraisable.exc_value,
+                                                 unraisable.exc_traceback)))
+
+  hook.abandoned_reads_log = log
+  sys.unraisablehook = hook
+
+
+def _held_stderr_to(log: str):
+  """A context in which what is written to stderr (file descriptor 2) is held: printed after the
+  block if it succeeded, appended to `log` if it raised."""
+
+  @contextlib.contextmanager
+  def held_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+      os.dup2(held.fileno(), 2)
+      failed = False
+      try:
+        yield
+      except BaseException:
+        failed = True
+        raise
+      finally:
         sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        held.seek(0)
+        text = held.read().decode('utf-8', 'replace')
+        if failed and text:
+          with open(log, 'a', encoding='utf-8') as f:
+            f.write(text)
+        elif text:
+          sys.stderr.write(text)
+          sys.stderr.flush()
+
+  return held_stderr()
 
 
-def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any
+def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, log: str
                   ) -> tuple[Any, dict[str, Any] | None, str | None]:
-  """(state, data, None), or (None, None, why step cannot be resumed from), agreed."""
+  """(state, data, None), or (None, None, why step cannot be resumed from), agreed. A read that
+  fails leaves its full error, and whatever the reads it abandoned print, in `log` alone."""
+  why = None
   try:
-    with _stderr_kept_unless_failed():
-      restored = mngr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    with _held_stderr_to(log):
+      try:
+        restored = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+      except Exception as error:  # pylint: disable=broad-except (any unreadable file)
+        why = _unreadable_reason(error)
+        with open(log, 'a', encoding='utf-8') as f:
+          f.write(f'Checkpoint step {step} in {mngr.directory}:\n'
+                  + ''.join(traceback.format_exception(error)))
+        _log_abandoned_reads(log)
+        del error  # its frames hold the abandoned reads: they are collected, and say so, here
+        time.sleep(1)
+        gc.collect()
+        raise _Unreadable() from None
     data = restored['data']
     shards = data.get('shards', data.get('hosts'))  # 'hosts': checkpoints of before elastic resume
     bad = non_finite(restored['state'])
     why = (f'{bad[0]} is not finite' if bad else
            None if isinstance(shards, list) and shards else 'its data position is missing')
-  except Exception as error:  # pylint: disable=broad-except (any unreadable file)
-    restored, data, why = None, None, _reason(error)
+  except _Unreadable:
+    pass
   if jax.process_count() > 1:  # every host falls back if one cannot read its part
     failed = multihost_utils.process_allgather(np.array(why is not None))
     if why is None and np.asarray(failed).any():
@@ -193,6 +278,10 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any
     return None, None, why
   return restored['state'], {'shards': shards, 'phase': data.get('phase', 0),
                              'positions': data.get('positions')}, None
+
+
+class _Unreadable(Exception):
+  """A checkpoint's read failed (its error is in the restore log)."""
 
 
 def newest_data(workdir: str) -> dict[str, Any] | None:
@@ -232,30 +321,48 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
   one line and moved to workdir/unreadable_checkpoints/ once an older one has
   restored; when none restores, nothing is moved and ValueError says why for each.
   """
-  failures = []
+  failures, log = [], restore_log(workdir)
+  logged = os.path.getsize(log) if os.path.exists(log) else 0  # what earlier restores wrote
   for step in sorted(mngr.all_steps(), reverse=True):
-    state, data, why = _restore_step(mngr, step, abstract_state)
+    state, data, why = _restore_step(mngr, step, abstract_state, log)
     if why is None:
       for bad_step, bad_why in failures:
         moved = _set_aside(workdir, bad_step)
         if jax.process_index() == 0:
           print(f'Checkpoint step {bad_step} cannot be resumed from ({bad_why}): moved it to '
-                f'{moved}; resuming from step {step}.', flush=True)
+                f'{moved}; resuming from step {step}{_full_error(log, logged)}.', flush=True)
       if failures:
         mngr.reload()
       return state, data
     failures.append((step, why))
   reasons = '; '.join(f'step {s}: {why}' for s, why in failures)
-  raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}): fix what '
-                   'that names, or move the directory aside to start afresh, or use a new '
-                   '--workdir.')
+  raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}{_full_error(log, logged)}'
+                   '): fix what that names, or move the directory aside to start afresh, or use a '
+                   'new --workdir.')
 
 
-def saved_param_shapes(workdir: str) -> dict[str, tuple[int, ...]]:
-  """Each parameter's shape in the newest checkpoint of `workdir`, by name ('a/b/kernel'), from
-  its metadata (no array is read)."""
-  item = os.path.join(_directory(workdir), str(newest_step(workdir)), 'state')
+def _full_error(log: str, logged: int) -> str:
+  """Where this restore's read errors are, if it had any."""
+  return f' (the full error: {log})' if os.path.exists(log) and os.path.getsize(log) > logged else ''
+
+
+def saved_param_shapes(workdir: str, step: int | None = None) -> dict[str, tuple[int, ...]]:
+  """Each parameter's shape in checkpoint `step` (default: the newest) of `workdir`, by name
+  ('a/b/kernel'), from its metadata (no array is read)."""
+  step = newest_step(workdir) if step is None else step
+  item = os.path.join(_directory(workdir), str(step), 'state')
   return shapes_by_name(ocp.PyTreeCheckpointHandler().metadata(epath.Path(item)).tree['params'])
+
+
+def readable_param_shapes(workdir: str) -> dict[str, tuple[int, ...]] | None:
+  """saved_param_shapes of the newest checkpoint whose metadata reads; None if none does
+  (restore() then says why for each)."""
+  for step in reversed(_complete_steps(_directory(workdir))):
+    try:
+      return saved_param_shapes(workdir, step)
+    except Exception:  # pylint: disable=broad-except (a damaged checkpoint: restore() reports it)
+      continue
+  return None
 
 
 def shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:

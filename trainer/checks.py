@@ -170,10 +170,11 @@ def check_workdir(config, workdir: str) -> None:
 
 
 def check_resumable_params(config, workdir: str, params: Any) -> None:
-  """The newest checkpoint of `workdir` holds the parameters this config's model has, shape for
-  shape; else one line naming the first that differs and the model fields its run had."""
-  names, saved = checkpoints.shapes_by_name(params), checkpoints.saved_param_shapes(workdir)
-  if saved == names:
+  """The newest readable checkpoint of `workdir` holds the parameters this config's model has,
+  shape for shape; else one line naming the first that differs and the model fields its run
+  had."""
+  names, saved = checkpoints.shapes_by_name(params), checkpoints.readable_param_shapes(workdir)
+  if saved is None or saved == names:
     return
   differ = sorted(set(saved) ^ set(names)) or [n for n in names if saved[n] != names[n]]
   name = differ[0]
