@@ -432,23 +432,39 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_bitwise_equal(
   assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
 
 
-def input_workers(pid):
-  """The grain worker processes of train.py `pid` (multiprocessing's spawned children, not its
-  resource tracker)."""
+def children_with(pid, marker):
+  """The child processes of train.py `pid` whose command line holds `marker`."""
   found = []
   for task in os.listdir(f'/proc/{pid}/task'):
     with open(f'/proc/{pid}/task/{task}/children', encoding='ascii') as f:
       for child in f.read().split():
         with open(f'/proc/{child}/cmdline', 'rb') as cmdline:
-          if b'--multiprocessing-fork' in cmdline.read():
+          if marker in cmdline.read():
             found.append(int(child))
   return found
 
 
+def resource_tracker_of(pid):
+  """The multiprocessing resource tracker that train.py `pid` started."""
+  trackers = children_with(pid, b'resource_tracker')
+  assert len(trackers) == 1, trackers
+  return trackers[0]
+
+
+def input_workers(pid):
+  """The grain worker processes of train.py `pid` (multiprocessing's spawned children, not its
+  resource tracker)."""
+  return children_with(pid, b'--multiprocessing-fork')
+
+
+# Python's resource tracker is a child process like the input workers: the OOM killer may take it.
 @pytest.mark.slow
-def test_a_killed_input_worker_is_replaced_and_the_run_finishes_bitwise_equal(
-    tmp_path, shared_data_dir):
-  small_chunks = ['--config.data.docs_per_chunk=20']  # many units, so the kill is felt
+@pytest.mark.parametrize('victim,line', [
+    ('input worker', 'A data worker died'),
+    ('resource tracker', 'resource tracker (a child process) died')])
+def test_a_killed_child_process_leaves_one_line_and_the_run_finishes_bitwise_equal(
+    tmp_path, shared_data_dir, victim, line):
+  small_chunks = ['--config.data.docs_per_chunk=20']  # many units, so a worker's kill is felt
   straight = tmp_path / 'straight'
   subprocess.run(command(straight, shared_data_dir) + small_chunks, cwd=ROOT, env=ENV,
                  check=True, capture_output=True)
@@ -458,11 +474,18 @@ def test_a_killed_input_worker_is_replaced_and_the_run_finishes_bitwise_equal(
                             ['--config.data.workers=2'], cwd=ROOT, env=ENV, stdout=out,
                             stderr=subprocess.STDOUT)
   wait_for(lambda: 'First step' in open(log).read(), proc, log)
-  workers = input_workers(proc.pid)
-  assert len(workers) == 2, workers
-  os.kill(workers[0], signal.SIGKILL)
-  assert proc.wait(timeout=300) == 0, open(log).read()[-3000:]
-  assert 'A data worker died' in open(log).read()
+  if victim == 'input worker':
+    workers = input_workers(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+  else:
+    os.kill(resource_tracker_of(proc.pid), signal.SIGKILL)
+  assert proc.wait(timeout=300) == 0, open(log).read()[-3000:]  # a finished run's status
+  text = open(log).read()
+  assert text.count(line) == 1, text[-3000:]
+  # No shared memory left behind (the leak warning), no tracker's KeyError tracebacks.
+  for noise in ('Traceback', 'KeyError', 'leaked', 'UserWarning', 'resource_tracker'):
+    assert noise not in text, text[-3000:]
   assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
 
 

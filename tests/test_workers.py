@@ -31,6 +31,7 @@ TEXT_PIPELINES = {
     'cvt': (cvt_configs.get_config, 'tiny', dict(docs_per_chunk=5, max_train_examples=50)),
 }
 BATCHES = 8
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _batches(stream, count):
@@ -180,6 +181,70 @@ def test_errors_reach_the_consumer_and_no_worker_is_left():
   with pytest.raises(workers.WorkersDied, match='died 4 times in a row.*config.data.workers'):
     next(dying)
   assert _no_workers_left()
+
+
+class _Units:
+  def __call__(self, u):
+    return np.full(2, u)
+
+
+def test_a_worker_that_died_unnoticed_is_reported_in_one_line_when_the_stream_closes(caplog):
+  # The units it was to make were never wanted, so the stream did not meet its death.
+  units = workers.UnitStream(_Units(), 2)
+  assert int(next(units)[0]) == 0
+  victim = [p for p in multiprocessing.active_children() if p.name.startswith('grain-')][0]
+  os.kill(victim.pid, signal.SIGKILL)
+  victim.join(timeout=30)
+  with caplog.at_level('WARNING'):
+    units.close()
+  died = [r.getMessage() for r in caplog.records if 'A data worker died' in r.getMessage()]
+  assert died == ['A data worker died (exit code -9) after making the last unit the run took '
+                  'from it, so nothing was lost.']
+  assert _no_workers_left()
+
+
+def test_units_travel_without_shared_memory(monkeypatch):
+  """A worker killed with units under way would leave their shared memory blocks behind (a
+  leak warning at exit); units are pickled through the workers' pipes instead."""
+  before = set(os.listdir('/dev/shm'))
+  units = workers.UnitStream(_Units(), 2)
+  got = [int(next(units)[0]) for _ in range(6)]
+  during = set(os.listdir('/dev/shm')) - before
+  units.close()
+  assert got == list(range(6))
+  assert not [name for name in during if name.startswith('psm_')], during
+
+
+def test_a_dead_resource_tracker_is_replaced_in_one_line(tmp_path):
+  """In a process of its own: the tracker multiprocessing starts is killed (as the OOM killer
+  may), then the workers go on and let their queues' semaphores go."""
+  program = """
+import os, signal, time
+import numpy as np
+from multiprocessing import resource_tracker
+from input_pipeline.common import workers
+
+class Units:
+  def __call__(self, u):
+    return np.full(2, u)
+
+units = workers.UnitStream(Units(), 2)
+assert [int(next(units)[0]) for _ in range(3)] == [0, 1, 2]
+tracker = resource_tracker._resource_tracker._pid
+os.kill(tracker, signal.SIGKILL)
+time.sleep(0.5)
+units.close()
+again = workers.UnitStream(Units(), 2)  # new queues: registered with the new tracker
+assert [int(next(again)[0]) for _ in range(3)] == [0, 1, 2]
+again.close()
+print('finished')
+"""
+  result = subprocess.run([sys.executable, '-c', program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0 and result.stdout == 'finished\n', result.stderr[-3000:]
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and "resource tracker (a child process) died" in lines[0], lines
+  assert 'Traceback' not in result.stderr and 'leak' not in result.stderr
 
 
 def test_auto_workers():

@@ -13,9 +13,13 @@ again at the first unit it has not handed out. An error that a unit raises
 is re-raised here as it was.
 """
 
+import multiprocessing
+from multiprocessing import resource_tracker
 import os
 import signal
+import sys
 from typing import Any, Callable, Iterator
+import warnings
 
 from absl import flags
 from absl import logging
@@ -26,6 +30,8 @@ import grain
 UNITS_AHEAD = 2
 # Restarts after a worker death without a unit handed out in between before the run stops.
 MAX_RESTARTS = 3
+# Arrays at least this large would travel in shared memory (grain's min_shm_size): none does.
+_NO_SHARED_MEMORY = 2**62
 # grain's words for a worker that exited without an error of its own.
 _WORKER_DIED = 'terminated unexpectedly'
 
@@ -55,6 +61,8 @@ class UnitStream:
     self._maker, self._workers = maker, workers
     self._handed_out, self._restarts = 0, 0
     self._iterator = None
+    self._processes: list[multiprocessing.Process] = []  # the running workers
+    self._before: set[multiprocessing.Process] = set()  # processes of this one before they started
 
   def __iter__(self) -> 'UnitStream':
     return self
@@ -62,10 +70,12 @@ class UnitStream:
   def __next__(self) -> Any:
     while True:
       if self._iterator is None:
+        self._before = set(multiprocessing.active_children())
         self._iterator = self._start(self._handed_out)
       try:
         unit = next(self._iterator)
       except Exception as error:
+        self._processes = []  # a death is reported here, not again by close()
         self.close()  # an error ends the stream: no worker stays behind
         if not isinstance(error, RuntimeError) or _WORKER_DIED not in str(error):
           raise
@@ -77,12 +87,21 @@ class UnitStream:
         logging.warning('A data worker died (%s); starting the workers again at unit %d.',
                         error, self._handed_out)
         continue
+      if self._workers and not self._processes:  # grain starts them at the first unit
+        self._processes = [p for p in multiprocessing.active_children()
+                           if p not in self._before and p.name.startswith('grain-')]
       self._handed_out += 1
       self._restarts = 0
       return unit
 
   def close(self) -> None:
-    """Stops the workers (or the thread) and drops the units made ahead."""
+    """Stops the workers (or the thread) and drops the units made ahead; a worker that died
+    unnoticed (no unit of it was wanted since) is reported in one line."""
+    dead = [p.exitcode for p in self._processes if p.exitcode not in (None, 0)]
+    if dead:
+      logging.warning('A data worker died (exit code %d) after making the last unit the run '
+                      'took from it, so nothing was lost.', dead[0])
+    self._processes = []
     if self._iterator is not None:
       iterator, self._iterator = self._iterator, None
       close = getattr(iterator, 'close', None)
@@ -97,8 +116,15 @@ class UnitStream:
     if self._workers == 0:  # one unit ahead: an eval or a test that stops early wastes little
       return iter(units.to_iter_dataset(grain.ReadOptions(num_threads=1,
                                                           prefetch_buffer_size=1)))
+    quiet_resource_tracker()
     # In a worker, units are made one after another (a unit's maker reads forward).
     in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    # Units come back pickled through each worker's pipe, not in shared memory blocks: a worker
+    # killed with units under way would leave its blocks to Python's resource tracker (a leak
+    # warning at exit), and a killed tracker made the blocks' unlinking fail (tracebacks, and
+    # a finished run's exit status 1).
+    in_order = grain.experimental.WithOptionsIterDataset(
+        in_order, grain.experimental.DatasetOptions(min_shm_size=_NO_SHARED_MEMORY))
     return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD),
         worker_init_fn=_set_up_worker))
@@ -111,3 +137,35 @@ def _set_up_worker(worker_index: int, worker_count: int) -> None:
   del worker_index, worker_count
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def quiet_resource_tracker() -> None:
+  """Python's resource tracker (a child process that the OOM killer, or a kill, may take) is
+  relaunched by multiprocessing when found dead, with a warning, and the new one prints a
+  traceback for every semaphore of the old one that the workers' queues let go: instead, one
+  line, and the new tracker's output discarded. Python versions without the tracker's
+  _check_alive keep their own behaviour."""
+  tracker = resource_tracker._resource_tracker  # pylint: disable=protected-access
+  if getattr(tracker, 'relaunches_quietly', False) or not hasattr(tracker, '_check_alive'):
+    return
+  relaunch = tracker.ensure_running
+
+  def ensure_running():
+    if tracker._fd is None or tracker._check_alive():  # pylint: disable=protected-access
+      return relaunch()  # not started yet, or alive
+    logging.warning("Python's multiprocessing resource tracker (a child process) died; a new one "
+                    "took its place, and its complaints about the dead one's records are "
+                    'discarded: the data workers go on.')
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    try:
+      with open(os.devnull, 'wb') as devnull, warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        os.dup2(devnull.fileno(), 2)  # the new tracker's stderr
+        return relaunch()
+    finally:
+      os.dup2(stderr, 2)
+      os.close(stderr)
+
+  tracker.ensure_running = ensure_running
+  tracker.relaunches_quietly = True
