@@ -237,7 +237,8 @@ def _instructions(computations: dict[str, list[str]], entry: str
         continue
       found.append(match.groups() + (times,))
       called = re.search(r'body=%?([\w.-]+)', line) if match.group(3) == 'while' else (
-          re.search(r'calls=%?([\w.-]+)', line) if match.group(3) in ('call', 'async-start')
+          re.search(r'(?:calls|to_apply)=%?([\w.-]+)', line)
+          if match.group(3) in ('call', 'async-start')
           else None)
       if called:
         visit(called.group(1), times * (_trip_count(line, computations)
@@ -363,8 +364,8 @@ def _fused_flops(computations: dict[str, list[str]], name: str,
       if opcode == 'dot':
         dots += _dot_flops(shape, arguments, shapes.get(_operands(arguments)[0], ''))
       elif opcode in ('fusion', 'call'):
-        nested = _fused_flops(computations, re.search(r'calls=%?([\w.-]+)', arguments).group(1),
-                              memo)
+        called = re.search(r'(?:calls|to_apply)=%?([\w.-]+)', arguments)
+        nested = _fused_flops(computations, called.group(1), memo) if called else (0.0, 0.0)
         dots, others = dots + nested[0], others + nested[1]
       elif opcode == 'reduce':
         others += math.prod(_dims(shapes.get(_operands(arguments)[0], shape)))
@@ -841,8 +842,9 @@ def print_table(report: dict[str, Any], by_op: int = 0) -> None:
                           f"{report['mfu_bound']:.2f} ({report['mfu_bound_overlapped']:.2f} if "
                           'they overlapped)'),
       *([('compute (estimate)', ' + '.join(
-          f'{kind} {seconds * 1e3:.1f}' for kind, seconds in report['compute_seconds_by_kind'].items()
-          if seconds) + ' ms')] if report['compute_seconds_by_kind'] else []),
+          f'{kind} {seconds * 1e3:.1f}'
+          for kind, seconds in report['compute_seconds_by_kind'].items() if seconds) + ' ms')]
+        if report['compute_seconds_by_kind'] else []),
       ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s"
                         + (f"; measured here: {report['input_examples_per_sec']:.0f} with "
                            f"{report['input_workers']} workers, "

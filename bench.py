@@ -9,11 +9,12 @@ model FLOPs per step, achieved FLOP/s, MFU against the chip's published dense
 peak in the model's compute dtype (trainer/peaks.py: H100, H200, A100, TPU v4,
 v5e, v5p, v6e) or, on a CPU or another chip, against the matmul peak measured
 here in that dtype; that measured peak and the MFU against it always; compile
-seconds, peak memory, page faults per step, and the training input's examples/s on the configured source, made
-by data.workers processes as train.py makes it (--config.data.workers=N), in
-total and per worker; --input_only measures only that. On a
-CPU backend, glibc's malloc is first set to keep freed memory, as train.py
-does (trainer/host_memory.py; --nokeep_freed_memory measures without).
+seconds, peak memory, page faults per step, and the training input's
+examples/s on the configured source, made by data.workers processes as
+train.py makes it (--config.data.workers=N), in total and per worker;
+--input_only measures only that. On a CPU backend, glibc's malloc is first
+set to keep freed memory, as train.py does (trainer/host_memory.py;
+--nokeep_freed_memory measures without).
 
 --profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
 profile plugin or ui.perfetto.dev open it), writes the compiled step's HLO

@@ -163,8 +163,9 @@ KERNELS_HLO = '\n'.join([
     'backend_config={"known_trip_count":{"n":"3"}}',
     '  %ar = f32[1000]{0} all-reduce-start(%v), replica_groups={}, to_apply=%add',
     '  %att = (bf16[2,4,128,64]{3,1,2,0}, f32[2,4,128]{2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), '
-    'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[2,128,4,64]{3,2,1,0}, '
-    'bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}}, backend_config={' + _FMHA_CONFIG + '}',
+    'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={'
+    'bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}, bf16[2,128,4,64]{3,2,1,0}}, '
+    'backend_config={' + _FMHA_CONFIG + '}',
     '}',
 ])
 

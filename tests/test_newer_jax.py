@@ -49,8 +49,8 @@ def test_a_refused_option_is_dropped_in_one_line_once_and_the_step_trains(
   assert int(state.step) == 3 and np.isfinite(float(metrics['loss'][0]))
   assert steps.compiler_options(mesh) == {'xla_cpu_enable_fast_math': False}
   err = capfd.readouterr().err
-  line = (f'XLA option {REFUSED} is not known to this jaxlib ({jaxlib.__version__}, cpu): the steps '
-          'compile without it.')
+  line = (f'XLA option {REFUSED} is not known to this jaxlib ({jaxlib.__version__}, cpu): the '
+          'steps compile without it.')
   assert err.count('XLA option') == 1 and line in err, err
 
 
@@ -70,7 +70,8 @@ def test_train_py_on_a_jaxlib_that_refuses_an_option_says_so_once_and_trains(
   # train.py itself, its steps given an option the compiler refuses.
   program = ('import runpy, sys; from trainer import steps; '
              f'steps.PLATFORM_OPTIONS["cpu"] = {OPTIONS!r}; '
-             'sys.argv = ["train.py"] + sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
+             'sys.argv = ["train.py"] + sys.argv[1:]; '
+             'runpy.run_path("train.py", run_name="__main__")')
   result = subprocess.run(
       [sys.executable, '-c', program, '--config=configs/bert_base.py:tiny',
        f'--workdir={tmp_path}', f'--config.data.data_dir={shared_data_dir}',

@@ -211,36 +211,32 @@ def _log_abandoned_reads(log: str) -> None:
   sys.unraisablehook = hook
 
 
-def _held_stderr_to(log: str):
-  """A context in which what is written to stderr (file descriptor 2) is held: printed after the
-  block if it succeeded, appended to `log` if it raised."""
-
-  @contextlib.contextmanager
-  def held_stderr():
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-      os.dup2(held.fileno(), 2)
-      failed = False
-      try:
-        yield
-      except BaseException:
-        failed = True
-        raise
-      finally:
+@contextlib.contextmanager
+def _held_stderr(log: str):
+  """What is written to stderr (file descriptor 2) inside is held: printed after the block if it
+  succeeded, appended to `log` if it raised."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    failed = False
+    try:
+      yield
+    except BaseException:
+      failed = True
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      text = held.read().decode('utf-8', 'replace')
+      if failed and text:
+        with open(log, 'a', encoding='utf-8') as f:
+          f.write(text)
+      elif text:
+        sys.stderr.write(text)
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        held.seek(0)
-        text = held.read().decode('utf-8', 'replace')
-        if failed and text:
-          with open(log, 'a', encoding='utf-8') as f:
-            f.write(text)
-        elif text:
-          sys.stderr.write(text)
-          sys.stderr.flush()
-
-  return held_stderr()
 
 
 def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, log: str
@@ -249,7 +245,7 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
   fails leaves its full error, and whatever the reads it abandoned print, in `log` alone."""
   why = None
   try:
-    with _held_stderr_to(log):
+    with _held_stderr(log):
       try:
         restored = mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
@@ -336,14 +332,15 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
       return state, data
     failures.append((step, why))
   reasons = '; '.join(f'step {s}: {why}' for s, why in failures)
-  raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}{_full_error(log, logged)}'
-                   '): fix what that names, or move the directory aside to start afresh, or use a '
-                   'new --workdir.')
+  raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}'
+                   f'{_full_error(log, logged)}): fix what that names, or move the directory '
+                   'aside to start afresh, or use a new --workdir.')
 
 
 def _full_error(log: str, logged: int) -> str:
   """Where this restore's read errors are, if it had any."""
-  return f' (the full error: {log})' if os.path.exists(log) and os.path.getsize(log) > logged else ''
+  grew = os.path.exists(log) and os.path.getsize(log) > logged
+  return f' (the full error: {log})' if grew else ''
 
 
 def saved_param_shapes(workdir: str, step: int | None = None) -> dict[str, tuple[int, ...]]:

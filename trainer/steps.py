@@ -55,7 +55,7 @@ def accepted_options(mesh, options: dict[str, Any]) -> dict[str, Any]:
   """`options` less those the compiler refuses, found by compiling x + 1 for the mesh's devices
   (real or compile-only ones) until it compiles; each dropped option is said in one line."""
   platform = mesh.devices.flat[0].platform
-  probe = jax.ShapeDtypeStruct((8,), jax.numpy.float32, sharding=sharding.replicated(mesh))
+  probe = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=sharding.replicated(mesh))
   options = dict(options)
   while options:
     try:

@@ -41,11 +41,13 @@ class StopRequested:
              'checkpoint stays complete).')
       self.at_once_when_done = True
       return
-    if interrupt and self.signal_name is None:
+    first = self.signal_name is None
+    # Set before the notice: a second Ctrl-C may run this handler while the first one prints.
+    self.signal_name = self.signal_name or signal.Signals(signum).name
+    if interrupt and first:
       _say('Ctrl-C: the run saves a checkpoint after this step (and an eval under way) and stops '
            + ('(Ctrl-C again stops at once, losing the steps since the last checkpoint).'
               if one_host else 'when the hosts next agree, every train.log_every steps.'))
-    self.signal_name = self.signal_name or signal.Signals(signum).name
 
   @contextlib.contextmanager
   def deferred(self):

@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 from typing import Any, Callable, Iterator
-import warnings
 
 from absl import flags
 from absl import logging
@@ -30,8 +29,6 @@ import grain
 UNITS_AHEAD = 2
 # Restarts after a worker death without a unit handed out in between before the run stops.
 MAX_RESTARTS = 3
-# Arrays at least this large would travel in shared memory (grain's min_shm_size): none does.
-_NO_SHARED_MEMORY = 2**62
 # grain's words for a worker that exited without an error of its own.
 _WORKER_DIED = 'terminated unexpectedly'
 
@@ -119,12 +116,6 @@ class UnitStream:
     quiet_resource_tracker()
     # In a worker, units are made one after another (a unit's maker reads forward).
     in_order = units.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    # Units come back pickled through each worker's pipe, not in shared memory blocks: a worker
-    # killed with units under way would leave its blocks to Python's resource tracker (a leak
-    # warning at exit), and a killed tracker made the blocks' unlinking fail (tracebacks, and
-    # a finished run's exit status 1).
-    in_order = grain.experimental.WithOptionsIterDataset(
-        in_order, grain.experimental.DatasetOptions(min_shm_size=_NO_SHARED_MEMORY))
     return iter(in_order.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=self._workers, per_worker_buffer_size=UNITS_AHEAD),
         worker_init_fn=_set_up_worker))
@@ -140,32 +131,23 @@ def _set_up_worker(worker_index: int, worker_count: int) -> None:
 
 
 def quiet_resource_tracker() -> None:
-  """Python's resource tracker (a child process that the OOM killer, or a kill, may take) is
-  relaunched by multiprocessing when found dead, with a warning, and the new one prints a
-  traceback for every semaphore of the old one that the workers' queues let go: instead, one
-  line, and the new tracker's output discarded. Python versions without the tracker's
-  _check_alive keep their own behaviour."""
+  """Starts Python's resource tracker, which the workers' queues and shared memory blocks
+  register with, with its output discarded, unless it runs already (another library's keeps
+  its output).
+
+  A worker killed with units under way leaves their blocks to it: it removes them when the
+  training process exits, and would warn of 'leaked shared_memory objects' (the stream reports
+  the dead worker itself). A tracker that dies is relaunched by multiprocessing as before.
+  """
   tracker = resource_tracker._resource_tracker  # pylint: disable=protected-access
-  if getattr(tracker, 'relaunches_quietly', False) or not hasattr(tracker, '_check_alive'):
+  if getattr(tracker, '_fd', 0) is not None:  # started (or a Python that names it otherwise)
     return
-  relaunch = tracker.ensure_running
-
-  def ensure_running():
-    if tracker._fd is None or tracker._check_alive():  # pylint: disable=protected-access
-      return relaunch()  # not started yet, or alive
-    logging.warning("Python's multiprocessing resource tracker (a child process) died; a new one "
-                    "took its place, and its complaints about the dead one's records are "
-                    'discarded: the data workers go on.')
-    sys.stderr.flush()
-    stderr = os.dup(2)
-    try:
-      with open(os.devnull, 'wb') as devnull, warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        os.dup2(devnull.fileno(), 2)  # the new tracker's stderr
-        return relaunch()
-    finally:
-      os.dup2(stderr, 2)
-      os.close(stderr)
-
-  tracker.ensure_running = ensure_running
-  tracker.relaunches_quietly = True
+  sys.stderr.flush()
+  stderr = os.dup(2)
+  try:
+    with open(os.devnull, 'wb') as devnull:
+      os.dup2(devnull.fileno(), 2)  # the tracker's stderr
+      tracker.ensure_running()
+  finally:
+    os.dup2(stderr, 2)
+    os.close(stderr)
