@@ -24,6 +24,7 @@ import input_pipeline
 from test_train import micro_config
 from trainer import checkpoints
 from trainer import metric_writer
+from trainer import restore_log
 import trainer.loop
 import trainer.state
 import trainer.steps
@@ -92,7 +93,7 @@ def assert_one_quiet_line(out, err, step, resumed_from, workdir):
   for noise in ('Traceback', 'Exception ignored', 'Error', 'tensorstore'):
     assert noise not in text.replace(lines[0], ''), text[-3000:]
   assert err.strip() == '', err[-3000:]
-  log = checkpoints.restore_log(workdir)
+  log = restore_log.path(workdir)
   if os.path.exists(log):
     assert f'(the full error: {log})' in lines[0]
 
@@ -165,8 +166,8 @@ def test_reads_abandoned_by_a_failed_restore_go_to_the_log_whenever_they_are_col
     read.send(None)  # started, then dropped: collecting it raises in its `finally`
     return read
 
-  checkpoints._log_abandoned_reads(str(tmp_path / 'an_earlier_workdir.log'))
-  checkpoints._log_abandoned_reads(log)  # a second failed restore: no second hook, its log
+  restore_log.log_abandoned_reads(str(tmp_path / 'an_earlier_workdir.log'))
+  restore_log.log_abandoned_reads(log)  # a second failed restore: no second hook, its log
   for _ in range(2):
     read = abandon()
     del read
@@ -177,7 +178,7 @@ def test_reads_abandoned_by_a_failed_restore_go_to_the_log_whenever_they_are_col
   assert text.count('ValueError: read of layer_1/kernel abandoned') == 2 and 'read_array' in text
   assert not os.path.exists(tmp_path / 'an_earlier_workdir.log')
   assert len([f for f in asyncio_logger.filters
-              if isinstance(f, checkpoints._AbandonedReadsFilter)]) == 1
+              if isinstance(f, restore_log.AbandonedReadsFilter)]) == 1
   # Any other unraisable error goes where it went before.
   class Noisy:
     def __del__(self):
@@ -194,7 +195,7 @@ def test_asyncio_records_of_abandoned_reads_go_to_the_log(tmp_path, caplog, monk
   monkeypatch.setattr(asyncio_logger, 'filters', list(asyncio_logger.filters))
   monkeypatch.setattr(sys, 'unraisablehook', sys.unraisablehook)
   log = str(tmp_path / 'restore_errors.log')
-  checkpoints._log_abandoned_reads(log)
+  restore_log.log_abandoned_reads(log)
   try:
     raise ValueError('read of layer_1/kernel abandoned')
   except ValueError:

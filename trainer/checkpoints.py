@@ -2,12 +2,8 @@
 
 import contextlib
 import gc
-import inspect
-import logging as logging_std
 import os
 import re
-import sys
-import tempfile
 import time
 import traceback
 from typing import Any
@@ -19,6 +15,8 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from trainer import restore_log
 
 
 def _directory(workdir: str) -> str:
@@ -157,95 +155,13 @@ def _set_aside(workdir: str, step: int) -> str:
   return target
 
 
-def restore_log(workdir: str) -> str:
-  """Where a failed restore's full error goes (this host's file): the console gets one line."""
-  index = jax.process_index()
-  return os.path.join(os.path.abspath(workdir),
-                      'restore_errors.log' if index == 0 else f'restore_errors.process_{index}.log')
-
-
-class _AbandonedReadsFilter(logging_std.Filter):
-  """Sends asyncio's '<Task, Future, ...> exception was never retrieved' records to a log file
-  instead."""
-
-  def __init__(self, log: str):
-    super().__init__()
-    self.log = log
-
-  def filter(self, record: logging_std.LogRecord) -> bool:
-    if not re.match(r'\w+ exception was never retrieved', record.getMessage()):
-      return True
-    with open(self.log, 'a', encoding='utf-8') as f:
-      f.write(record.getMessage() + '\n')
-      if record.exc_info:
-        f.write(''.join(traceback.format_exception(*record.exc_info)))
-    return False
-
-
-def _log_abandoned_reads(log: str) -> None:
-  """From now on, what the reads orbax abandons when one array of a checkpoint cannot be read
-  print when they are collected (at any later moment) goes to `log`: the errors of coroutines
-  dropped unfinished, and asyncio's 'Task (or Future) exception was never retrieved' with each
-  one's traceback. Every other unraisable error or asyncio record is printed as before."""
-  asyncio_logger = logging_std.getLogger('asyncio')
-  installed = [f for f in asyncio_logger.filters if isinstance(f, _AbandonedReadsFilter)]
-  if installed:  # a restore failed before (in a notebook, another workdir's maybe)
-    installed[0].log = log
-  else:
-    asyncio_logger.addFilter(_AbandonedReadsFilter(log))
-  if hasattr(sys.unraisablehook, 'abandoned_reads_log'):
-    sys.unraisablehook.abandoned_reads_log = log
-    return
-  previous = sys.unraisablehook
-
-  def hook(unraisable):
-    if not inspect.iscoroutine(unraisable.object):
-      previous(unraisable)
-      return
-    with open(hook.abandoned_reads_log, 'a', encoding='utf-8') as f:
-      f.write(f'{unraisable.err_msg or "Exception ignored in"}: {unraisable.object!r}\n')
-      f.write(''.join(traceback.format_exception(unraisable.exc_type, unraisable.exc_value,
-                                                 unraisable.exc_traceback)))
-
-  hook.abandoned_reads_log = log
-  sys.unraisablehook = hook
-
-
-@contextlib.contextmanager
-def _held_stderr(log: str):
-  """What is written to stderr (file descriptor 2) inside is held: printed after the block if it
-  succeeded, appended to `log` if it raised."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as held:
-    os.dup2(held.fileno(), 2)
-    failed = False
-    try:
-      yield
-    except BaseException:
-      failed = True
-      raise
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      held.seek(0)
-      text = held.read().decode('utf-8', 'replace')
-      if failed and text:
-        with open(log, 'a', encoding='utf-8') as f:
-          f.write(text)
-      elif text:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-
-
 def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, log: str
                   ) -> tuple[Any, dict[str, Any] | None, str | None]:
   """(state, data, None), or (None, None, why step cannot be resumed from), agreed. A read that
   fails leaves its full error, and whatever the reads it abandoned print, in `log` alone."""
   why = None
   try:
-    with _held_stderr(log):
+    with restore_log.held_stderr(log):
       try:
         restored = mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
@@ -254,7 +170,7 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
         with open(log, 'a', encoding='utf-8') as f:
           f.write(f'Checkpoint step {step} in {mngr.directory}:\n'
                   + ''.join(traceback.format_exception(error)))
-        _log_abandoned_reads(log)
+        restore_log.log_abandoned_reads(log)
         del error  # its frames hold the abandoned reads: they are collected, and say so, here
         time.sleep(1)
         gc.collect()
@@ -317,7 +233,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
   one line and moved to workdir/unreadable_checkpoints/ once an older one has
   restored; when none restores, nothing is moved and ValueError says why for each.
   """
-  failures, log = [], restore_log(workdir)
+  failures, log = [], restore_log.path(workdir)
   logged = os.path.getsize(log) if os.path.exists(log) else 0  # what earlier restores wrote
   for step in sorted(mngr.all_steps(), reverse=True):
     state, data, why = _restore_step(mngr, step, abstract_state, log)
@@ -326,21 +242,16 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
         moved = _set_aside(workdir, bad_step)
         if jax.process_index() == 0:
           print(f'Checkpoint step {bad_step} cannot be resumed from ({bad_why}): moved it to '
-                f'{moved}; resuming from step {step}{_full_error(log, logged)}.', flush=True)
+                f'{moved}; resuming from step {step}{restore_log.named_if_grown(log, logged)}.',
+                flush=True)
       if failures:
         mngr.reload()
       return state, data
     failures.append((step, why))
   reasons = '; '.join(f'step {s}: {why}' for s, why in failures)
   raise ValueError(f'No checkpoint in {_directory(workdir)} restores ({reasons}'
-                   f'{_full_error(log, logged)}): fix what that names, or move the directory '
-                   'aside to start afresh, or use a new --workdir.')
-
-
-def _full_error(log: str, logged: int) -> str:
-  """Where this restore's read errors are, if it had any."""
-  grew = os.path.exists(log) and os.path.getsize(log) > logged
-  return f' (the full error: {log})' if grew else ''
+                   f'{restore_log.named_if_grown(log, logged)}): fix what that names, or move '
+                   'the directory aside to start afresh, or use a new --workdir.')
 
 
 def saved_param_shapes(workdir: str, step: int | None = None) -> dict[str, tuple[int, ...]]:
