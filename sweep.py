@@ -29,6 +29,7 @@ metric's final and best value), learning_curves.png and final_<metric>.png.
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -40,17 +41,21 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 from absl import app
 from absl import flags
 
 from trainer import cli
+from trainer import slices
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')
 flags.DEFINE_string('workdir', None, 'Directory of the sweep: one workdir per run under it.')
 flags.DEFINE_bool('print_commands', False, 'Print one train.py command per run and exit.')
 flags.DEFINE_bool('summarize', False, 'Only write the table and plots from the runs in workdir.')
+flags.DEFINE_integer('parallel', 0, 'Run up to N runs at once, each on its own 1/N of the '
+                     "machine's GPUs, TPU chips or CPU cores (0: one at a time, each on all).")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SWEEP_FILE = 'sweep.json'  # the resolved sweep, so that --summarize needs only the workdir
@@ -237,55 +242,129 @@ class Interrupted(Exception):
   pass
 
 
-def run_all(runs: list[Run], workdir: str) -> list[Run]:
-  """Runs what is not finished, one after another; returns the runs that failed.
+def run_mesh(run: Run):
+  """config.mesh of the run: its override, else its config file's."""
+  overrides = dict(run.overrides)
+  if 'mesh' in overrides:
+    return overrides['mesh']
+  path, _, variant = run.config.partition(':')
+  return _config(path, variant).mesh
 
-  SIGINT and SIGTERM are passed on to the running train.py as SIGTERM, so that it saves a
-  checkpoint before the sweep stops."""
+
+@functools.lru_cache(maxsize=None)
+def _config(path: str, variant: str):
+  module_spec = importlib.util.spec_from_file_location('_config', os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def check_slices(runs: list[Run], cut: list[slices.Slice]) -> None:
+  """One line naming the fix if a run's mesh does not fit a slice's devices."""
+  for run in runs:
+    reason = slices.mesh_refusal(run_mesh(run), cut[0].num_devices)
+    if reason:
+      raise ValueError(f'--parallel={len(cut)}: {run.stage} {os.path.basename(run.workdir)}: '
+                       f'{reason}, and a slice has {cut[0].num_devices}: pass a smaller '
+                       '--parallel, or change the mesh.')
+
+
+def run_all(runs: list[Run], workdir: str,
+            cut: list[slices.Slice] | None = None) -> list[Run]:
+  """Runs what is not finished, each on a free slice of `cut` (None: one at a time, on the
+  whole machine); a run starts as soon as the run it starts from has finished. Returns the
+  runs that failed, and the runs that start from them (not run).
+
+  SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
+  a checkpoint before the sweep stops."""
   logs = os.path.join(workdir, 'logs')
   os.makedirs(logs, exist_ok=True)
-  failed, child, stopping = [], None, []
+  free = list(cut) if cut else [None]
+  waiting = list(enumerate(runs, 1))
+  running = {}  # Popen -> (run, its slice, head, log path)
+  failed, stopping, stopped = [], [], []
 
   def stop(signum, frame):
     del signum, frame
     stopping.append(True)
-    if child is not None and child.poll() is None:
-      child.send_signal(signal.SIGTERM)
+    for child in running:
+      if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+
+  def head(index, run):
+    return f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
+
+  def start(index, run, where):
+    log_path = os.path.join(logs, f'{run.stage}__{os.path.basename(run.workdir)}.log')
+    on = f' on {where.describe()}' if where else ''
+    print(f'{head(index, run)}: running{on}; log {log_path}\n  {shlex.join(run.argv())}',
+          flush=True)
+    with open(log_path, 'a', encoding='utf-8') as log:
+      if where:
+        log.write(f'sweep.py: {run.stage} {os.path.basename(run.workdir)} on '
+                  f'{where.describe()}: {" ".join(f"{k}={v}" for k, v in where.env)}\n')
+        log.flush()
+      # Its own session: a Ctrl-C reaches the sweep only, which passes on a SIGTERM.
+      child = subprocess.Popen(
+          [sys.executable] + run.argv()[1:], stdout=log, stderr=subprocess.STDOUT,
+          start_new_session=True, env=where.environment(os.environ) if where else None,
+          preexec_fn=where.pin if where else None)
+    running[child] = (run, where, head(index, run), log_path)
+
+  def finish(child):
+    run, where, title, log_path = running.pop(child)
+    free.append(where)
+    free.sort(key=lambda s: s.index if s else 0)
+    code = child.returncode
+    on = f' (on {where.describe()})' if where else ''
+    if stopping:
+      stopped.append(run.workdir)
+      return
+    if code != 0 or not finished(run):
+      print(f'{title}: FAILED (exit {code}){on}: {_last_line(log_path)}', flush=True)
+      failed.append(run)
+    else:
+      _, results = read_metrics(run.workdir)
+      shown = ', '.join(f'{k} {v:.4g}' for k, v in results.items()
+                        if k != 'step' and isinstance(v, (int, float)))
+      print(f'{title}: done{on}: {shown}', flush=True)
 
   previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
-    for index, run in enumerate(runs, 1):
+    while waiting or running:
       if stopping:
-        raise Interrupted(f'stopped before {run.workdir}; the same sweep command goes on from '
-                          'there.')
-      head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
-      if run.init_from and run.init_from in {r.workdir for r in failed}:
-        print(f'{head}: skipped, its {run.init_from} failed.', flush=True)
-        failed.append(run)
-        continue
-      if finished(run):
-        print(f'{head}: finished before, skipped.', flush=True)
-        continue
-      log_path = os.path.join(logs, f'{run.stage}__{os.path.basename(run.workdir)}.log')
-      print(f'{head}: running; log {log_path}\n  {shlex.join(run.argv())}', flush=True)
-      with open(log_path, 'a', encoding='utf-8') as log:
-        # Its own session: a Ctrl-C reaches the sweep only, which passes on a SIGTERM.
-        child = subprocess.Popen([sys.executable] + run.argv()[1:], stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        code = child.wait()
-        child = None
-      if stopping:
-        raise Interrupted(f'stopped during {run.workdir}; it saved a checkpoint, and the same '
-                          'sweep command goes on from there.')
-      if code != 0 or not finished(run):
-        tail = _last_line(log_path)
-        print(f'{head}: FAILED (exit {code}): {tail}', flush=True)
-        failed.append(run)
+        if not running:
+          raise Interrupted(f'stopped before {waiting[0][1].workdir}; the same sweep command '
+                            'goes on from there.')
       else:
-        _, results = read_metrics(run.workdir)
-        shown = ', '.join(f'{k} {v:.4g}' for k, v in results.items()
-                          if k != 'step' and isinstance(v, (int, float)))
-        print(f'{head}: done: {shown}', flush=True)
+        pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
+        for item in list(waiting):
+          index, run = item
+          if run.init_from in {r.workdir for r in failed}:
+            print(f'{head(index, run)}: skipped, its {run.init_from} failed.', flush=True)
+            failed.append(run)
+            waiting.remove(item)
+          elif run.init_from in pending:
+            continue  # the run it starts from has not finished yet
+          elif finished(run):
+            print(f'{head(index, run)}: finished before, skipped.', flush=True)
+            waiting.remove(item)
+          elif free:
+            waiting.remove(item)
+            start(index, run, free.pop(0))
+          pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
+      if not running:
+        continue
+      exited = [child for child in running if child.poll() is not None]
+      if not exited:
+        time.sleep(0.2)
+        continue
+      for child in exited:
+        finish(child)
+      if stopping and not running:
+        raise Interrupted(f'stopped during {", ".join(stopped)}; '
+                          f'{"it" if len(stopped) == 1 else "each"} saved a checkpoint, and the '
+                          'same sweep command goes on from there.')
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -460,7 +539,13 @@ def main(argv):
             print(f'# stage {stage}' + (': after the stage above' if run.init_from else ''))
           print(shlex.join(run.argv()))
         return
-      failed = run_all(runs, FLAGS.workdir)
+      cut = None
+      if FLAGS.parallel:
+        cut = slices.cut(FLAGS.parallel)
+        check_slices(runs, cut)
+        print(f'{len(runs)} runs, up to {len(cut)} at once: ' +
+              ', '.join(s.describe() for s in cut) + '.', flush=True)
+      failed = run_all(runs, FLAGS.workdir, cut)
     summarize(FLAGS.workdir)
   except Interrupted as e:
     sys.exit(f'sweep.py: {e}')
