@@ -48,12 +48,22 @@ from absl import flags
 
 from trainer import cli
 from trainer import slices
+from trainer import slurm
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')
 flags.DEFINE_string('workdir', None, 'Directory of the sweep: one workdir per run under it.')
 flags.DEFINE_bool('print_commands', False, 'Print one train.py command per run and exit.')
 flags.DEFINE_bool('summarize', False, 'Only write the table and plots from the runs in workdir.')
+flags.DEFINE_enum('slurm', None, ['scripts', 'submit'], 'Instead of running here, write one '
+                  'SLURM sbatch script per run under WORKDIR/slurm (scripts), and submit them '
+                  'with their dependencies (submit).')
+flags.DEFINE_integer('gpus_per_run', None, 'With --slurm: the GPUs each run asks for (default: '
+                     'the devices its config.mesh fixes, at least 1; 0: CPU-only jobs).')
+flags.DEFINE_integer('gpus_per_node', 8, 'With --slurm: the GPUs of a node; a run with more '
+                     'spans several nodes, one train.py on each.')
+flags.DEFINE_multi_string('slurm_option', [], 'With --slurm: an sbatch option for every job, as '
+                          'sbatch spells it, e.g. --slurm_option=--partition=gpu.')
 flags.DEFINE_integer('parallel', 0, 'Run up to N runs at once, each on its own 1/N of the '
                      "machine's GPUs, TPU chips or CPU cores (0: one at a time, each on all).")
 
@@ -277,8 +287,7 @@ def run_all(runs: list[Run], workdir: str,
 
   SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
   a checkpoint before the sweep stops."""
-  logs = os.path.join(workdir, 'logs')
-  os.makedirs(logs, exist_ok=True)
+  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
   free = list(cut) if cut else [None]
   waiting = list(enumerate(runs, 1))
   running = {}  # Popen -> (run, its slice, head, log path)
@@ -295,11 +304,11 @@ def run_all(runs: list[Run], workdir: str,
     return f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
 
   def start(index, run, where):
-    log_path = os.path.join(logs, f'{run.stage}__{os.path.basename(run.workdir)}.log')
+    path = log_path(run, workdir)
     on = f' on {where.describe()}' if where else ''
-    print(f'{head(index, run)}: running{on}; log {log_path}\n  {shlex.join(run.argv())}',
+    print(f'{head(index, run)}: running{on}; log {path}\n  {shlex.join(run.argv())}',
           flush=True)
-    with open(log_path, 'a', encoding='utf-8') as log:
+    with open(path, 'a', encoding='utf-8') as log:
       if where:
         log.write(f'sweep.py: {run.stage} {os.path.basename(run.workdir)} on '
                   f'{where.describe()}: {" ".join(f"{k}={v}" for k, v in where.env)}\n')
@@ -309,10 +318,10 @@ def run_all(runs: list[Run], workdir: str,
           [sys.executable] + run.argv()[1:], stdout=log, stderr=subprocess.STDOUT,
           start_new_session=True, env=where.environment(os.environ) if where else None,
           preexec_fn=where.pin if where else None)
-    running[child] = (run, where, head(index, run), log_path)
+    running[child] = (run, where, head(index, run), path)
 
   def finish(child):
-    run, where, title, log_path = running.pop(child)
+    run, where, title, path = running.pop(child)
     free.append(where)
     free.sort(key=lambda s: s.index if s else 0)
     code = child.returncode
@@ -321,7 +330,7 @@ def run_all(runs: list[Run], workdir: str,
       stopped.append(run.workdir)
       return
     if code != 0 or not finished(run):
-      print(f'{title}: FAILED (exit {code}){on}: {_last_line(log_path)}', flush=True)
+      print(f'{title}: FAILED (exit {code}){on}: {_last_line(path)}', flush=True)
       failed.append(run)
     else:
       _, results = read_metrics(run.workdir)
@@ -369,6 +378,65 @@ def run_all(runs: list[Run], workdir: str,
     for s, handler in previous.items():
       signal.signal(s, handler)
   return failed
+
+
+def log_path(run: Run, workdir: str) -> str:
+  return os.path.join(workdir, 'logs', f'{run.stage}__{os.path.basename(run.workdir)}.log')
+
+
+def slurm_resources(runs: list[Run], gpus: int | None, gpus_per_node: int,
+                    options: tuple[str, ...] = ()) -> slurm.Resources:
+  """What each job asks for: `gpus` (None: the devices the runs' meshes fix, at least 1);
+  one line naming the fix if a run's mesh cannot be laid out on them."""
+  if gpus is None:
+    gpus = max(max(1, _fixed_devices(run_mesh(run))) for run in runs)
+  resources = slurm.Resources(gpus, gpus_per_node, tuple(options))
+  resources.check()
+  devices = gpus or slices.cpu_device_count()
+  for run in runs:
+    reason = slices.mesh_refusal(run_mesh(run), devices)
+    if reason:
+      raise ValueError(f'--gpus_per_run={gpus}: {run.stage} {os.path.basename(run.workdir)}: '
+                       f'{reason}, and a job has {devices}: pass --gpus_per_run to fit it.')
+  return resources
+
+
+def to_slurm(runs: list[Run], workdir: str, resources: slurm.Resources, submit: bool) -> None:
+  """WORKDIR/slurm/: a script per run and submit.sh; with submit, the unfinished runs'
+  jobs submitted, each after the job of the run it starts from."""
+  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
+  name = lambda run: f'{run.stage}__{os.path.basename(run.workdir)}'
+  by_dir = {run.workdir: run for run in runs}
+  jobs = [(name(run), run.argv(), os.path.abspath(log_path(run, workdir)),
+           name(by_dir[run.init_from]) if run.init_from else None) for run in runs]
+  summary = ['python', _relative(os.path.join(ROOT, 'sweep.py')), '--summarize',
+             f'--workdir={workdir}']
+  paths = slurm.write(jobs, summary, workdir, resources)
+  folder = os.path.join(workdir, 'slurm')
+  print(f'Wrote {len(paths)} sbatch scripts ({", ".join(resources.lines())} each) and '
+        f'{slurm.SUBMIT_SCRIPT} to {folder}.', flush=True)
+  if not submit:
+    print(f'Submit them with: bash {os.path.join(folder, slurm.SUBMIT_SCRIPT)}')
+    return
+  ids = {}
+  for index, (run, path) in enumerate(zip(runs, paths), 1):
+    head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
+    if finished(run):
+      print(f'{head}: finished before, not submitted.', flush=True)
+      continue
+    after = [ids[run.init_from]] if run.init_from in ids else []
+    ids[run.workdir] = slurm.sbatch(path, after)
+    print(f'{head}: job {ids[run.workdir]}' + (f', after job {after[0]}' if after else ''),
+          flush=True)
+  if ids:
+    job = slurm.sbatch(os.path.join(folder, slurm.SUMMARY_SCRIPT), list(ids.values()),
+                       'afterany')
+    print(f'summary: job {job}, after every job above; the table will be in '
+          f'{workdir}/results.md.', flush=True)
+
+
+def _fixed_devices(mesh) -> int:
+  return math.prod(int(size) for _, size in mesh if int(size) != -1)
 
 
 def _last_line(path: str) -> str:
@@ -538,6 +606,11 @@ def main(argv):
             stage = run.stage
             print(f'# stage {stage}' + (': after the stage above' if run.init_from else ''))
           print(shlex.join(run.argv()))
+        return
+      if FLAGS.slurm:
+        resources = slurm_resources(runs, FLAGS.gpus_per_run, FLAGS.gpus_per_node,
+                                    tuple(FLAGS.slurm_option))
+        to_slurm(runs, FLAGS.workdir, resources, submit=FLAGS.slurm == 'submit')
         return
       cut = None
       if FLAGS.parallel:

@@ -1,0 +1,200 @@
+"""sweep.py --parallel and --slurm with train.py itself: the same results as one run at a time,
+an interruption that every running run survives, and a real single-node SLURM (munge,
+slurmctld and slurmd started here, as a user's cluster runs them)."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sweep
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task.
+MICRO = '''
+def get_sweep(arg=''):
+  small = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
+           'model.num_heads': 2, 'model.mlp_dim': 64, 'data.max_seq_length': 32,
+           'train.batch_size': 8, 'train.log_every': 10}}
+  return dict(
+      stages=(('lm', 'configs/gpt.py:tiny',
+               dict(small, **{{'train.num_steps': 80, 'train.eval_every': 40, 'train.eval_steps': 2,
+                              'train.checkpoint_every': 40, 'optimizer.warmup_steps': 10}})),
+              ('ft', 'configs/gpt_finetune.py', dict(small, **{{'train.num_steps': 20}}))),
+      variants=(('lr 1e-3', {{}}), ('lr 3e-3', {{'lm.optimizer.learning_rate': 3e-3}})),
+      seeds=(0,), metrics=('eval_accuracy', 'eval_loss'))
+'''
+
+
+def _sweep(*args):
+  return [sys.executable, os.path.join(ROOT, 'sweep.py')] + list(args)
+
+
+def _finals(workdir):
+  """Each run's final eval line and results, without the wall-clock fields."""
+  with open(os.path.join(workdir, sweep.SWEEP_FILE)) as f:
+    record = json.load(f)
+  finals = {}
+  for _, _, runs in record['runs']:
+    for run in runs:
+      lines, results = sweep.read_metrics(run['workdir'])
+      evals = [line for line in lines if any(k.startswith('eval_') for k in line)]
+      name = os.path.relpath(run['workdir'], workdir)
+      finals[name] = ({k: v for k, v in evals[-1].items() if k != 'time'}, results)
+  return finals
+
+
+@pytest.fixture(scope='module')
+def sweep_file(tmp_path_factory, shared_data_dir):
+  path = tmp_path_factory.mktemp('sweep') / 'micro.py'
+  path.write_text(MICRO.format(data_dir=shared_data_dir))
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def one_at_a_time(sweep_file, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
+  subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
+                 capture_output=True, text=True)
+  finals = _finals(workdir)
+  assert len(finals) == 4 and all(results for _, results in finals.values())
+  return finals
+
+
+def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
+    sweep_file, one_at_a_time, tmp_path):
+  workdir = str(tmp_path / 'w')
+  process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
+                                    '--parallel=2'),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  logs = [os.path.join(workdir, 'logs', name) for name in
+          ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if all(os.path.exists(log) and 'step 20/80' in open(log).read() for log in logs):
+      process.send_signal(signal.SIGTERM)  # both pretrainings are running
+      break
+    time.sleep(0.05)
+  output = process.communicate(timeout=300)[0]
+  assert process.returncode != 0, output
+  assert 'each saved a checkpoint, and the same sweep command goes on from there.' in output
+  for log in logs:
+    stopped_at = [json.loads(line)['step'] for line in
+                  open(log.replace('logs/lm__', 'lm/').replace('.log', '/metrics.jsonl'))]
+    assert 20 <= max(stopped_at) < 80
+
+  again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
+                         capture_output=True, text=True, check=False)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert again.stdout.startswith('4 runs, up to 2 at once: slice 1/2 (cores ')
+  assert 'running on slice 1/2' in again.stdout and 'running on slice 2/2' in again.stdout
+  for log in logs:
+    text = open(log).read()
+    assert 'Resuming from step' in text and text.count('sweep.py: lm ') == 2  # once a start
+  assert _finals(workdir) == one_at_a_time
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path):
+  """A one-node SLURM cluster of this machine; yields its environment (SLURM_CONF)."""
+  if not shutil.which('slurmctld'):
+    if os.geteuid() != 0 or not shutil.which('apt-get'):
+      pytest.skip('SLURM is not installed and this user cannot install it (Debian: apt-get '
+                  'install slurm-wlm munge, as root)')
+    installed = subprocess.run(['apt-get', 'install', '-y', '--no-install-recommends',
+                                'slurm-wlm', 'munge'], capture_output=True, text=True,
+                               check=False, env=dict(os.environ, DEBIAN_FRONTEND='noninteractive'))
+    if installed.returncode != 0:
+      pytest.skip(f'apt-get could not install slurm-wlm: {installed.stderr.strip()[-300:]}')
+  if os.geteuid() != 0:
+    pytest.skip('slurmd runs jobs as their users only as root; this test is not root')
+  base = tmp_path / 'slurm'
+  for sub in ('state', 'spool', 'log'):
+    (base / sub).mkdir(parents=True)
+  key = base / 'munge.key'
+  key.write_bytes(os.urandom(1024))
+  key.chmod(0o400)
+  socket_path = base / 'munge.sock'
+  subprocess.run(['munged', '--force', f'--socket={socket_path}', f'--key-file={key}',
+                  f'--log-file={base}/log/munged.log', f'--pid-file={base}/munged.pid',
+                  f'--seed-file={base}/munged.seed'], check=True)
+  host = socket.gethostname().split('.')[0]
+  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 2**20
+  conf = base / 'slurm.conf'
+  conf.write_text('\n'.join([
+      'ClusterName=sweeptest', f'SlurmctldHost={host}', 'AuthType=auth/munge',
+      f'AuthInfo=socket={socket_path}', 'CredType=cred/munge', 'SlurmUser=root',
+      'SlurmdUser=root', f'SlurmctldPort={_free_port()}', f'SlurmdPort={_free_port()}',
+      f'StateSaveLocation={base}/state', f'SlurmdSpoolDir={base}/spool',
+      f'SlurmctldPidFile={base}/slurmctld.pid', f'SlurmdPidFile={base}/slurmd.pid',
+      f'SlurmctldLogFile={base}/log/slurmctld.log', f'SlurmdLogFile={base}/log/slurmd.log',
+      'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
+      'JobAcctGatherType=jobacct_gather/none', 'SchedulerType=sched/backfill',
+      'SelectType=select/cons_tres', 'SelectTypeParameters=CR_Core', 'ReturnToService=2',
+      'MpiDefault=none', 'AccountingStorageType=accounting_storage/none',
+      'JobCompType=jobcomp/none',
+      f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
+      'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
+  env = dict(os.environ, SLURM_CONF=str(conf))
+  subprocess.run(['slurmctld', '-i'], check=True, env=env)
+  subprocess.run(['slurmd'], check=True, env=env)
+  deadline = time.time() + 60
+  while time.time() < deadline:
+    state = subprocess.run(['sinfo', '-h', '-o', '%t'], capture_output=True, text=True,
+                           env=env, check=False).stdout.strip()
+    if state == 'idle':
+      break
+    time.sleep(0.5)
+  else:
+    logs = (base / 'log' / 'slurmctld.log').read_text()[-2000:]
+    pytest.fail(f'the test cluster did not come up (sinfo: {state!r}):\n{logs}')
+  try:
+    yield env
+  finally:
+    subprocess.run(['scancel', '--user=root'], env=env, check=False)
+    for pid_file in ('slurmd.pid', 'slurmctld.pid', 'munged.pid'):
+      try:
+        os.kill(int((base / pid_file).read_text()), signal.SIGTERM)
+      except (OSError, ValueError):
+        pass
+
+
+def test_a_sweep_runs_through_slurm_with_its_stages_chained(
+    sweep_file, one_at_a_time, slurm_cluster, tmp_path):
+  workdir = str(tmp_path / 'w')
+  submitted = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
+                                    '--slurm=submit', '--gpus_per_run=0'),
+                             capture_output=True, text=True, check=False, env=slurm_cluster)
+  assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+  assert 'ft seed=0: job ' in submitted.stdout and ', after job ' in submitted.stdout
+  deadline = time.time() + 600
+  while time.time() < deadline:
+    queue = subprocess.run(['squeue', '-h', '-o', '%i %j %T %r'], capture_output=True,
+                           text=True, env=slurm_cluster, check=True).stdout.strip()
+    if not queue:
+      break
+    assert 'DependencyNeverSatisfied' not in queue, queue
+    time.sleep(1)
+  assert not queue, f'jobs still queued after 10 minutes: {queue}'
+  assert _finals(workdir) == one_at_a_time
+  with open(os.path.join(workdir, 'results.md')) as f:
+    table = f.read()
+  assert '| lr 1e-3 | 1/1 |' in table and '| lr 3e-3 | 1/1 |' in table
+  summary = subprocess.run(_sweep('--summarize', f'--workdir={workdir}'), capture_output=True,
+                           text=True, check=True)
+  assert summary.stdout.startswith(table)

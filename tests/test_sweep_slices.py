@@ -1,0 +1,323 @@
+"""sweep.py --parallel and --slurm without training: the slices, the scheduler (with a stand-in
+for train.py), the mesh checks and the SLURM scripts (with a stand-in for sbatch)."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import sweep
+from trainer import slices
+from trainer import slurm
+
+TWO_STAGES = '''
+def get_sweep(arg=''):
+  return dict(
+      stages=(('pretrain', 'configs/gpt.py:tiny', {{'train.num_steps': 10}}),
+              ('finetune', 'configs/gpt_finetune.py', {{'train.num_steps': 4}})),
+      variants=(('slow', {{'pretrain.train.log_every': {slow}}}),
+                ('quick', {{'pretrain.train.log_every': {quick}}}),
+                ('broken', {{'pretrain.train.log_every': 13}})),
+      seeds=(0,), metrics=('eval_loss',))
+'''
+
+# Stands in for train.py: sleeps log_every / 10 seconds (13: fails), notes when it ran and what
+# its slice gave it, then writes what sweep.finished() reads. SIGTERM: notes it and exits.
+FAKE_TRAIN = r'''
+import json, os, signal, sys, time
+args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
+workdir = args['workdir']
+os.makedirs(workdir, exist_ok=True)
+def note(**kw):
+  with open(os.path.join(workdir, 'fake.jsonl'), 'a') as f:
+    f.write(json.dumps(kw) + '\n')
+def stop(signum, frame):
+  note(signal='SIGTERM', time=time.time())
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+note(start=time.time(), cuda=os.environ.get('CUDA_VISIBLE_DEVICES'),
+     cores=sorted(os.sched_getaffinity(0)), init_from=args.get('config.init_from'))
+every = int(args.get('config.train.log_every', '1'))
+if every == 13:
+  sys.exit('train.py: error: broken on purpose')
+time.sleep(every / 10)
+steps = int(args.get('config.train.num_steps', '1'))
+with open(os.path.join(workdir, 'config.json'), 'w') as f:
+  json.dump({'train': {'num_steps': steps}}, f)
+with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+  f.write(json.dumps({'step': steps, 'results': {'eval_loss': every / 10}}) + '\n')
+note(end=time.time())
+'''
+
+
+def _notes(workdir):
+  import json  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(workdir, 'fake.jsonl')) as f:
+    merged = {}
+    for line in f:
+      merged.update(json.loads(line))
+  return merged
+
+
+@pytest.fixture
+def fake_runs(tmp_path, monkeypatch):
+  """A sweep's runs with train.py replaced by FAKE_TRAIN (same arguments)."""
+  fake = tmp_path / 'fake_train.py'
+  fake.write_text(FAKE_TRAIN)
+  original = sweep.Run.argv
+  monkeypatch.setattr(sweep.Run, 'argv', lambda self: ['python', str(fake)] + original(self)[2:])
+
+  def runs(slow=20, quick=2):
+    path = tmp_path / 'sweep_file.py'
+    path.write_text(TWO_STAGES.format(slow=slow, quick=quick))
+    return sweep.unique_runs(sweep.expand(sweep.load_sweep(str(path)), str(tmp_path / 'w')))
+  return runs
+
+
+def test_gpus_are_cut_into_equal_slices_by_cuda_visible_devices():
+  cut = slices.cut(4, 'gpu', devices=tuple(range(8)))
+  assert [dict(s.env)['CUDA_VISIBLE_DEVICES'] for s in cut] == ['0,1', '2,3', '4,5', '6,7']
+  assert [s.num_devices for s in cut] == [2] * 4
+  assert cut[1].describe() == 'slice 2/4 (GPUs 2,3)'
+  with pytest.raises(ValueError) as error:
+    slices.cut(3, 'gpu', devices=tuple(range(8)))
+  assert str(error.value) == ('--parallel=3 does not divide the 8 GPUs of this machine into '
+                              'equal slices: pass one of [1, 2, 4, 8].')
+
+
+def test_visible_gpus_are_the_ones_handed_out(monkeypatch):
+  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '3,5')
+  assert [dict(s.env)['CUDA_VISIBLE_DEVICES'] for s in slices.cut(2, 'gpu')] == ['3', '5']
+
+
+def test_tpu_chips_get_libtpus_process_variables_and_their_own_port():
+  cut = slices.cut(2, 'tpu', devices=tuple(range(8)))
+  first, second = (dict(s.env) for s in cut)
+  assert first['TPU_VISIBLE_CHIPS'] == '0,1,2,3' and second['TPU_VISIBLE_CHIPS'] == '4,5,6,7'
+  assert first['TPU_CHIPS_PER_PROCESS_BOUNDS'] == '2,2,1' == second['TPU_CHIPS_PER_HOST_BOUNDS']
+  assert first['TPU_PROCESS_BOUNDS'] == '1,1,1' == first['TPU_HOST_BOUNDS']
+  assert (first['TPU_MESH_CONTROLLER_PORT'], second['TPU_MESH_CONTROLLER_PORT']) == ('8476',
+                                                                                     '8477')
+  assert dict(slices.cut(4, 'tpu', devices=tuple(range(4)))[3].env)[
+      'TPU_CHIPS_PER_PROCESS_BOUNDS'] == '1,1,1'
+
+
+def test_cpu_slices_are_cores_with_the_device_count_kept(monkeypatch):
+  monkeypatch.setenv('XLA_FLAGS', '--xla_cpu_foo=1 --xla_force_host_platform_device_count=8')
+  cut = slices.cut(2, 'cpu', devices=(0, 1, 2, 3))
+  assert [s.devices for s in cut] == [(0, 1), (2, 3)]
+  assert [s.num_devices for s in cut] == [8, 8]
+  assert dict(cut[0].env)['XLA_FLAGS'] == ('--xla_cpu_foo=1 '
+                                           '--xla_force_host_platform_device_count=8')
+  assert cut[0].describe() == 'slice 1/2 (cores 0,1, 8 CPU devices)'
+  monkeypatch.delenv('XLA_FLAGS')
+  assert slices.cut(1, 'cpu', devices=(0,))[0].num_devices == 1
+
+
+@pytest.mark.parametrize('mesh,devices,refused', [
+    ((('data', -1), ('fsdp', 1), ('tensor', 1)), 1, False),
+    ((('data', -1), ('fsdp', 2), ('tensor', 1)), 4, False),
+    ((('data', -1), ('fsdp', 2), ('tensor', 1)), 1, True),
+    ((('data', 2), ('fsdp', 2), ('tensor', 1)), 2, True),
+    ((('data', 2), ('fsdp', 2), ('tensor', 1)), 4, False)])
+def test_a_mesh_fits_a_slice_when_its_fixed_axes_divide_it(mesh, devices, refused):
+  assert (slices.mesh_refusal(mesh, devices) is not None) == refused
+
+
+def test_a_run_whose_mesh_needs_more_than_a_slice_is_refused_in_one_line(fake_runs):
+  runs = fake_runs()
+  tensor = sweep.Run(runs[0].stage, runs[0].config,
+                     runs[0].overrides + (('mesh', (('data', -1), ('tensor', 2))),),
+                     0, runs[0].workdir, None)
+  sweep.check_slices(runs, slices.cut(2, 'gpu', devices=(0, 1)))
+  with pytest.raises(ValueError) as error:
+    sweep.check_slices([tensor], slices.cut(2, 'gpu', devices=(0, 1)))
+  assert str(error.value) == (
+      "--parallel=2: pretrain log_every=20,seed=0: config.mesh (('data', -1), ('tensor', 2)) "
+      'needs a multiple of 2 devices, and a slice has 1: pass a smaller --parallel, or change '
+      'the mesh.')
+
+
+def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its_own(
+    fake_runs, tmp_path, capsys):
+  runs = fake_runs(slow=20, quick=2)  # 2 s and 0.2 s
+  failed = sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(6, 7)))
+  out = capsys.readouterr().out
+  by_name = {f'{r.stage}/{os.path.basename(r.workdir)}': r for r in runs}
+  notes = {name: _notes(run.workdir) for name, run in by_name.items()
+           if os.path.exists(os.path.join(run.workdir, 'fake.jsonl'))}
+  slow, quick = notes['pretrain/log_every=20,seed=0'], notes['pretrain/log_every=2,seed=0']
+  quick_finetune = notes['finetune/log_every=2,seed=0']
+  # The quick pretraining's fine-tuning ran while the slow pretraining was still running.
+  assert quick['end'] <= quick_finetune['start'] < slow['end']
+  assert quick_finetune['init_from'] == by_name['pretrain/log_every=2,seed=0'].workdir
+  assert notes['finetune/log_every=20,seed=0']['start'] >= slow['end']
+  # Each ran on one GPU of its own, and said so.
+  assert {slow['cuda'], quick['cuda']} == {'6', '7'}
+  assert re.search(r'\] pretrain log_every=20,seed=0: running on slice \d/2 \(GPUs [67]\)', out)
+  log = open(sweep.log_path(runs[0], str(tmp_path / 'w'))).read()
+  assert log.startswith('sweep.py: pretrain log_every=20,seed=0 on slice 1/2 (GPUs 6): '
+                        'CUDA_VISIBLE_DEVICES=6\n')
+  # The broken pretraining failed; only its fine-tuning was skipped.
+  assert [f'{r.stage}/{os.path.basename(r.workdir)}' for r in failed] == [
+      'pretrain/log_every=13,seed=0', 'finetune/log_every=13,seed=0']
+  assert 'finetune log_every=13,seed=0: skipped, its' in out
+  assert 'FAILED (exit 1) (on slice' in out and 'broken on purpose' in out
+  assert all(sweep.finished(r) for r in runs if r not in failed)
+
+
+def test_cpu_slices_pin_their_cores(fake_runs, tmp_path):
+  core = sorted(os.sched_getaffinity(0))[-1]
+  runs = fake_runs(slow=1, quick=1)[:1]
+  assert sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(1, 'cpu', devices=(core,))) == []
+  assert _notes(runs[0].workdir)['cores'] == [core]
+
+
+def test_a_sigterm_reaches_every_running_run_and_the_sweep_stops(fake_runs, tmp_path):
+  runs = fake_runs(slow=300, quick=290)  # 30 s: stopped long before
+  handler = signal.getsignal(signal.SIGTERM)
+  timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+  timer.start()
+  with pytest.raises(sweep.Interrupted) as stopped:
+    sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(0, 1)))
+  timer.cancel()
+  running = [r for r in runs if os.path.exists(os.path.join(r.workdir, 'fake.jsonl'))]
+  assert len(running) == 2 and all(_notes(r.workdir)['signal'] == 'SIGTERM' for r in running)
+  assert str(stopped.value).startswith('stopped during ')
+  assert all(r.workdir in str(stopped.value) for r in running)
+  assert str(stopped.value).endswith('each saved a checkpoint, and the same sweep command goes '
+                                     'on from there.')
+  assert signal.getsignal(signal.SIGTERM) == handler  # the sweep's own handler is gone
+
+
+# ---------------------------------------------------------------- SLURM
+
+FAKE_SBATCH = r'''#!/bin/bash
+# Stands in for sbatch: notes its arguments, answers the next job id as --parsable does.
+n=$(( $(wc -l < "$SBATCH_LOG" 2>/dev/null || echo 0) + 100 ))
+echo "$n $*" >> "$SBATCH_LOG"
+echo "$n;cluster"
+'''
+
+
+def test_slurm_resources_follow_the_mesh_and_fill_whole_nodes(fake_runs):
+  runs = fake_runs()
+  assert sweep.slurm_resources(runs, None, 8).lines() == [
+      '--nodes=1', '--ntasks-per-node=1', '--gpus-per-node=1']
+  assert slurm.Resources(16, 8).lines() == ['--nodes=2', '--ntasks-per-node=1',
+                                            '--gpus-per-node=8']
+  assert slurm.Resources(0, 8, ('--partition=cpu',)).lines() == [
+      '--nodes=1', '--ntasks-per-node=1', '--partition=cpu']
+  fixed = [sweep.Run(r.stage, r.config, r.overrides + (('mesh', (('data', 2), ('fsdp', 2))),),
+                     0, r.workdir, r.init_from) for r in runs]
+  assert sweep.slurm_resources(fixed, None, 8).gpus == 4
+  for gpus, per_node, options, message in (
+      (12, 8, (), '--gpus_per_run=12 does not fill whole nodes of 8 GPUs (--gpus_per_node): '
+                  'pass a multiple of 8, or at most 8.'),
+      (2, 8, ('partition=gpu',), '--slurm_option=partition=gpu: pass sbatch options as sbatch '
+                                 'spells them, e.g. --slurm_option=--partition=gpu.')):
+    with pytest.raises(ValueError) as error:
+      sweep.slurm_resources(runs, gpus, per_node, options)
+    assert str(error.value) == message
+  with pytest.raises(ValueError, match=r'^--gpus_per_run=2: pretrain .*needs 4 devices, and a '
+                                       r'job has 2: pass --gpus_per_run to fit it\.$'):
+    sweep.slurm_resources(fixed, 2, 8)
+
+
+def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
+    fake_runs, tmp_path, monkeypatch, capsys):
+  runs = fake_runs()
+  workdir = str(tmp_path / 'w')
+  monkeypatch.chdir(tmp_path)
+  sweep.to_slurm(runs, workdir, slurm.Resources(16, 8, ('--time=1:00:00',)), submit=False)
+  out = capsys.readouterr().out
+  assert 'Submit them with: bash ' + os.path.join(workdir, 'slurm', 'submit.sh') in out
+  scripts = sorted(p for p in os.listdir(os.path.join(workdir, 'slurm')) if p[0].isdigit())
+  assert len(scripts) == len(runs) == 6
+  for path, run in zip(scripts, runs):
+    text = open(os.path.join(workdir, 'slurm', path)).read()
+    assert f'#SBATCH --output={os.path.abspath(sweep.log_path(run, workdir))}\n' in text
+    for line in ('--nodes=2', '--gpus-per-node=8', '--ntasks-per-node=1', '--time=1:00:00',
+                 '--signal=TERM@120', '--open-mode=append', '--kill-on-invalid-dep=yes'):
+      assert f'#SBATCH {line}\n' in text
+    assert f'\ncd {shlex.quote(str(tmp_path))}\n' in text
+    assert text.endswith(f'exec srun --kill-on-bad-exit=1 {shlex.join(run.argv())}\n')
+  submit = os.path.join(workdir, 'slurm', 'submit.sh')
+  subprocess.run(['bash', '-n', submit], check=True)  # it parses
+
+  # submit.sh with a stand-in sbatch: every fine-tuning after its own pretraining's job.
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'sbatch').write_text(FAKE_SBATCH)
+  (bin_dir / 'sbatch').chmod(0o755)
+  monkeypatch.setenv('PATH', f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+  monkeypatch.setenv('SBATCH_LOG', str(tmp_path / 'sbatch.log'))
+  subprocess.run(['bash', submit], check=True, capture_output=True)
+  calls = open(tmp_path / 'sbatch.log').read().splitlines()
+  assert len(calls) == 7
+  ids = {call.split()[-1]: call.split()[0] for call in calls}
+  for path, run in zip(scripts, runs):
+    call = next(c for c in calls if c.endswith(path))
+    if run.init_from:
+      upstream = next(p for p, r in zip(scripts, runs) if r.workdir == run.init_from)
+      assert f'--dependency=afterok:{ids[os.path.join(workdir, "slurm", upstream)]} ' in call
+    else:
+      assert '--dependency' not in call
+  assert calls[-1].split()[2] == '--dependency=afterany:' + ':'.join(
+      c.split()[0] for c in calls[:-1])
+  summary = open(os.path.join(workdir, 'slurm', 'summarize.sbatch')).read()
+  assert summary.rstrip().endswith(f'--summarize --workdir={workdir}')
+
+  # --slurm=submit from Python: a finished run is not submitted, its fine-tuning has no wait.
+  os.remove(tmp_path / 'sbatch.log')
+  done = runs[0]
+  os.makedirs(done.workdir, exist_ok=True)
+  with open(os.path.join(done.workdir, 'config.json'), 'w') as f:
+    f.write('{"train": {"num_steps": 10}}')
+  with open(os.path.join(done.workdir, 'metrics.jsonl'), 'w') as f:
+    f.write('{"step": 10, "results": {"eval_loss": 1.0}}\n')
+  sweep.to_slurm(runs, workdir, slurm.Resources(1, 8), submit=True)
+  out = capsys.readouterr().out
+  calls = open(tmp_path / 'sbatch.log').read().splitlines()
+  assert len(calls) == 6 and not any(c.endswith(scripts[0]) for c in calls)
+  assert '[1/6] pretrain log_every=20,seed=0: finished before, not submitted.' in out
+  downstream = next(c for c in calls if c.endswith(scripts[3]))
+  assert runs[3].init_from == done.workdir and '--dependency' not in downstream
+  assert re.search(r'\[5/6\] finetune log_every=2,seed=0: job \d+, after job \d+', out)
+
+
+def test_sbatch_refusing_a_job_is_one_line(tmp_path, monkeypatch):
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'sbatch').write_text('#!/bin/bash\necho "sbatch: error: Batch job submission '
+                                  'failed: Invalid partition name specified" >&2\nexit 1\n')
+  (bin_dir / 'sbatch').chmod(0o755)
+  monkeypatch.setenv('PATH', str(bin_dir))
+  with pytest.raises(ValueError) as error:
+    slurm.sbatch('job.sbatch', [])
+  assert str(error.value) == ('sbatch refused job.sbatch: sbatch: error: Batch job submission '
+                              'failed: Invalid partition name specified')
+  monkeypatch.setenv('PATH', str(tmp_path / 'nothing'))
+  with pytest.raises(ValueError, match='sbatch is not on this machine'):
+    slurm.sbatch('job.sbatch', [])
+
+
+def test_parallel_that_does_not_divide_is_refused_before_anything_runs(tmp_path):
+  path = tmp_path / 'sweep_file.py'
+  path.write_text(TWO_STAGES.format(slow=1, quick=1))
+  cores = len(os.sched_getaffinity(0))
+  done = subprocess.run(
+      [sys.executable, sweep.__file__, f'--sweep={path}', f'--workdir={tmp_path / "w"}',
+       f'--parallel={cores + 1}'], capture_output=True, text=True, check=False,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines() == [
+      f'sweep.py: error: --parallel={cores + 1} does not divide the {cores} CPU cores of this '
+      'machine into equal slices: pass one of '
+      f'{[n for n in range(1, cores + 1) if cores % n == 0]}.']
+  assert not os.path.exists(tmp_path / 'w' / 'logs')
