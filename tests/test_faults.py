@@ -452,8 +452,11 @@ def input_workers(pid):
 
 
 @pytest.mark.slow
-def test_a_killed_input_worker_leaves_one_line_and_the_run_finishes_bitwise_equal(
-    tmp_path, shared_data_dir):
+@pytest.mark.parametrize('victim,marker,line', [
+    ('worker', b'--multiprocessing-fork', 'A data worker died'),
+    ('tracker', b'resource_tracker', 'The multiprocessing resource tracker died')])
+def test_a_killed_input_worker_or_tracker_leaves_one_line_and_the_run_finishes_bitwise_equal(
+    tmp_path, shared_data_dir, victim, marker, line):
   small_chunks = ['--config.data.docs_per_chunk=20']  # many units, so the kill is felt
   straight = tmp_path / 'straight'
   subprocess.run(command(straight, shared_data_dir) + small_chunks, cwd=ROOT, env=ENV,
@@ -466,10 +469,12 @@ def test_a_killed_input_worker_leaves_one_line_and_the_run_finishes_bitwise_equa
   wait_for(lambda: 'First step' in open(log).read(), proc, log)
   workers = input_workers(proc.pid)
   assert len(workers) == 2, workers
-  os.kill(workers[0], signal.SIGKILL)
+  victims = children_with(proc.pid, marker)
+  assert len(victims) == (2 if victim == 'worker' else 1), victims
+  os.kill(victims[0], signal.SIGKILL)
   assert proc.wait(timeout=300) == 0, open(log).read()[-3000:]  # a finished run's status
   text = open(log).read()
-  assert text.count('A data worker died') == 1, text[-3000:]
+  assert text.count(line) == 1, text[-3000:]
   # The blocks of shared memory it held are removed without the tracker's leak warning.
   for noise in ('Traceback', 'leaked', 'UserWarning', 'resource_tracker'):
     assert noise not in text, text[-3000:]

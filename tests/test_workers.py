@@ -225,6 +225,35 @@ print(block.name)
   assert not os.path.exists(path)
 
 
+def test_a_killed_resource_tracker_is_one_line_and_the_units_go_on_exactly():
+  """In a process of its own (its resource tracker is killed): multiprocessing would warn,
+  start a tracker in every worker too (whose clean-up at the worker's exit removes blocks the
+  consumer still reads: 'No such file or directory: /psm_...'), and the new trackers would
+  print a KeyError traceback for each semaphore and block the old one held."""
+  program = """
+import os, signal, time
+from multiprocessing import resource_tracker
+from absl import logging
+from input_pipeline.common import workers
+logging.use_absl_handler()
+stream = workers.UnitStream(str, 2)
+taken = [next(stream) for _ in range(5)]
+os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+time.sleep(0.5)
+taken += [next(stream) for _ in range(40)]
+stream.close()
+print(' '.join(taken), workers._tracker_starts)
+"""
+  result = subprocess.run([sys.executable, '-c', program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == [str(u) for u in range(45)] + ['1']
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].endswith(
+      'The multiprocessing resource tracker died (killed?); started a new one and new data '
+      'workers, which use it.'), result.stderr[-3000:]
+
+
 def test_auto_workers():
   assert workers.default_workers('cpu', 8) == 0
   assert 1 <= workers.default_workers('tpu', 4) <= 16

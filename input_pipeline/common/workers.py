@@ -13,12 +13,15 @@ again at the first unit it has not handed out. An error that a unit raises
 is re-raised here as it was.
 """
 
+import contextlib
 import multiprocessing
 from multiprocessing import resource_tracker
 import os
 import signal
 import sys
+import threading
 from typing import Any, Callable, Iterator
+import warnings
 
 from absl import flags
 from absl import logging
@@ -58,6 +61,7 @@ class UnitStream:
     self._maker, self._workers = maker, workers
     self._handed_out, self._restarts = 0, 0
     self._iterator = None
+    self._tracker = 0  # _tracker_starts when the workers started
     self._processes: list[multiprocessing.Process] = []  # the running workers
     self._before: set[multiprocessing.Process] = set()  # processes of this one before they started
 
@@ -66,8 +70,13 @@ class UnitStream:
 
   def __next__(self) -> Any:
     while True:
+      if self._iterator is not None and self._workers and self._tracker != _tracker_starts:
+        # The resource tracker died and was started again: new workers, which register their
+        # shared memory with the new one, go on from the next unit.
+        self.close()
       if self._iterator is None:
         self._before = set(multiprocessing.active_children())
+        self._tracker = _tracker_starts
         self._iterator = self._start(self._handed_out)
       try:
         unit = next(self._iterator)
@@ -128,26 +137,82 @@ def _set_up_worker(worker_index: int, worker_count: int) -> None:
   del worker_index, worker_count
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _use_tracker_while_it_lives()
 
 
 def quiet_resource_tracker() -> None:
   """Starts Python's resource tracker, which the workers' queues and shared memory blocks
   register with, with its output discarded, unless it runs already (another library's keeps
-  its output).
+  its output); a tracker that dies later is started again the same way, with one line.
 
-  A worker killed with units under way leaves their blocks to it: it removes them when the
-  training process exits, and would warn of 'leaked shared_memory objects' (the stream reports
-  the dead worker itself). A tracker that dies is relaunched by multiprocessing as before.
+  A worker killed with units under way leaves their blocks to the tracker: it removes them
+  when the training process exits, and would warn of 'leaked shared_memory objects' (the stream
+  reports the dead worker itself). A new tracker knows nothing of what the dead one held: it
+  would print a KeyError traceback for each of them that is given back.
   """
   tracker = resource_tracker._resource_tracker  # pylint: disable=protected-access
   if getattr(tracker, '_fd', 0) is not None:  # started (or a Python that names it otherwise)
     return
+  with _quiet_stderr():
+    tracker.ensure_running()
+  if hasattr(tracker, '_check_alive') and not hasattr(tracker, '_ensure_running_loudly'):
+    tracker._ensure_running_loudly = tracker.ensure_running
+    tracker.ensure_running = _ensure_running_quietly
+
+
+# How many times the training process started a new resource tracker after its last one died.
+_tracker_starts = 0
+_tracker_lock = threading.Lock()
+
+
+def _ensure_running_quietly() -> None:
+  """The tracker's ensure_running(), for every register and unregister: a dead tracker is
+  started again with one line, instead of multiprocessing's warning and a new tracker that
+  writes to the terminal."""
+  global _tracker_starts
+  tracker = resource_tracker._resource_tracker  # pylint: disable=protected-access
+  with _tracker_lock:
+    if tracker._fd is not None and not tracker._check_alive():
+      _tracker_starts += 1
+      logging.warning('The multiprocessing resource tracker died (killed?); started a new one '
+                      'and new data workers, which use it.')
+      with warnings.catch_warnings(), _quiet_stderr():
+        warnings.simplefilter('ignore')
+        tracker._ensure_running_loudly()
+      return
+  tracker._ensure_running_loudly()
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+  """File descriptor 2 on /dev/null: a tracker started meanwhile writes there for good."""
   sys.stderr.flush()
-  stderr = os.dup(2)
+  saved = os.dup(2)
   try:
     with open(os.devnull, 'wb') as devnull:
-      os.dup2(devnull.fileno(), 2)  # the tracker's stderr
-      tracker.ensure_running()
+      os.dup2(devnull.fileno(), 2)
+    yield
   finally:
-    os.dup2(stderr, 2)
-    os.close(stderr)
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def _use_tracker_while_it_lives() -> None:
+  """In a worker: its blocks are registered with the training process's tracker while that
+  lives, and with none after it died. multiprocessing would start a tracker of the worker's
+  own, which removes every block the worker made when the worker stops, blocks the training
+  process still reads (the run then fails on 'No such file or directory: /psm_...')."""
+  tracker = resource_tracker._resource_tracker  # pylint: disable=protected-access
+  fd = getattr(tracker, '_fd', None)
+  if fd is None or not hasattr(tracker, '_send'):
+    return
+  alive = [True]
+
+  def send(command: str, name: str, rtype: str) -> None:
+    if alive[0]:
+      try:
+        os.write(fd, f'{command}:{name}:{rtype}\n'.encode('ascii'))
+      except OSError:  # the pipe's reader, the tracker, is gone
+        alive[0] = False
+
+  tracker._send = send
