@@ -1,6 +1,8 @@
 """Ablation sweeps: every variant of a sweep file run with train.py, then a table and plots.
 
     python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=runs/sweep_masking
+    python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=DIR --parallel=8
+    python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=DIR --slurm=submit
     python sweep.py --sweep=configs/sweeps/bert_masking.py --workdir=DIR --print_commands
     python sweep.py --summarize --workdir=runs/sweep_masking
 
@@ -23,6 +25,10 @@ stage's run, so a pretraining shared by every variant runs once per seed.
 Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the command that
 --print_commands prints. A finished run (its results line at train.num_steps) is skipped, an
 unfinished one resumes from its checkpoint: after an interruption the same command goes on.
+Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
+of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
+starts from has finished; --slurm writes (and submits) one SLURM job per run instead
+(trainer/slurm.py).
 The summary writes WORKDIR/results.md and results.csv (mean +- sample std over seeds of each
 metric's final and best value), learning_curves.png and final_<metric>.png.
 """
@@ -319,6 +325,8 @@ def run_all(runs: list[Run], workdir: str,
           start_new_session=True, env=where.environment(os.environ) if where else None,
           preexec_fn=where.pin if where else None)
     running[child] = (run, where, head(index, run), path)
+    if stopping:  # the signal came while it started
+      child.send_signal(signal.SIGTERM)
 
   def finish(child):
     run, where, title, path = running.pop(child)
@@ -353,12 +361,12 @@ def run_all(runs: list[Run], workdir: str,
             print(f'{head(index, run)}: skipped, its {run.init_from} failed.', flush=True)
             failed.append(run)
             waiting.remove(item)
-          elif run.init_from in pending:
-            continue  # the run it starts from has not finished yet
+          elif run.init_from in pending or not free:
+            continue  # the run it starts from has not finished yet, or no slice is free
           elif finished(run):
             print(f'{head(index, run)}: finished before, skipped.', flush=True)
             waiting.remove(item)
-          elif free:
+          else:
             waiting.remove(item)
             start(index, run, free.pop(0))
           pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
@@ -607,6 +615,9 @@ def main(argv):
             print(f'# stage {stage}' + (': after the stage above' if run.init_from else ''))
           print(shlex.join(run.argv()))
         return
+      if FLAGS.slurm and FLAGS.parallel:
+        raise ValueError('--slurm and --parallel: pass one (SLURM places each run on its own '
+                         'GPUs).')
       if FLAGS.slurm:
         resources = slurm_resources(runs, FLAGS.gpus_per_run, FLAGS.gpus_per_node,
                                     tuple(FLAGS.slurm_option))

@@ -105,6 +105,14 @@ def test_tpu_chips_get_libtpus_process_variables_and_their_own_port():
                                                                                      '8477')
   assert dict(slices.cut(4, 'tpu', devices=tuple(range(4)))[3].env)[
       'TPU_CHIPS_PER_PROCESS_BOUNDS'] == '1,1,1'
+  assert [s.num_devices for s in cut] == [4, 4]
+
+
+def test_tpu_v2_and_v3_chips_are_two_devices_each(monkeypatch):
+  monkeypatch.setenv('TPU_ACCELERATOR_TYPE', 'v3-8')
+  assert [s.num_devices for s in slices.cut(2, 'tpu', devices=(0, 1, 2, 3))] == [4, 4]
+  monkeypatch.setenv('TPU_ACCELERATOR_TYPE', 'v5litepod-8')
+  assert [s.num_devices for s in slices.cut(2, 'tpu', devices=(0, 1, 2, 3))] == [2, 2]
 
 
 def test_cpu_slices_are_cores_with_the_device_count_kept(monkeypatch):

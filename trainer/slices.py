@@ -4,7 +4,7 @@ A slice is the environment a child process starts with, so that JAX in it sees
 only its own devices:
 
 - NVIDIA GPUs: `CUDA_VISIBLE_DEVICES`, a share of the GPUs.
-- TPU chips (v4 and later: one JAX device per chip): libtpu's process
+- TPU chips (one JAX device per chip from v4 on, two on v2 and v3): libtpu's process
   variables. `TPU_VISIBLE_CHIPS` (and its older name `TPU_VISIBLE_DEVICES`)
   lists the slice's chips, `TPU_CHIPS_PER_PROCESS_BOUNDS` their shape,
   `TPU_PROCESS_BOUNDS=1,1,1` says the process is alone (it joins no other),
@@ -92,6 +92,13 @@ def local_devices(kind: str) -> tuple[int, ...]:
   return tuple(sorted(os.sched_getaffinity(0)))
 
 
+def tpu_devices_per_chip() -> int:
+  """JAX devices per TPU chip: 2 on v2 and v3 (a device per core), else 1; the generation
+  from the accelerator type a TPU VM names in its environment (v4 and later if it names none)."""
+  kind = os.environ.get('TPU_ACCELERATOR_TYPE') or os.environ.get('ACCELERATOR_TYPE', '')
+  return 2 if re.match(r'v[23]-', kind) else 1
+
+
 def cpu_device_count(xla_flags: str | None = None) -> int:
   """The host platform's device count XLA_FLAGS gives (1 when it sets none)."""
   found = _FORCE_DEVICES.findall(os.environ.get('XLA_FLAGS', '') if xla_flags is None
@@ -124,12 +131,12 @@ def cut(parallel: int, kind: str | None = None,
       env, num_devices = {'CUDA_VISIBLE_DEVICES': ids}, per
     elif kind == 'tpu':
       port = str(TPU_PORT + i)
+      num_devices = per * tpu_devices_per_chip()
       env = {'TPU_VISIBLE_CHIPS': ids, 'TPU_VISIBLE_DEVICES': ids,
              'TPU_CHIPS_PER_PROCESS_BOUNDS': TPU_CHIP_BOUNDS[per], 'TPU_PROCESS_BOUNDS': '1,1,1',
              'TPU_CHIPS_PER_HOST_BOUNDS': TPU_CHIP_BOUNDS[per], 'TPU_HOST_BOUNDS': '1,1,1',
              'TPU_MESH_CONTROLLER_ADDRESS': f'localhost:{port}',
              'TPU_MESH_CONTROLLER_PORT': port, 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'}
-      num_devices = per
     else:
       num_devices = cpu_device_count()
       flags = _FORCE_DEVICES.sub('', os.environ.get('XLA_FLAGS', '')).split()
