@@ -35,10 +35,19 @@ def _tiny(module, mesh, topology='v4:2x2x1'):
   return config
 
 
-# The GPU node's compiles in the slow tier: tests/test_aot_gpu.py compiles for GPUs in the fast.
-@pytest.mark.parametrize('topology', ['v4:2x2x1', pytest.param('h100:8', marks=pytest.mark.slow)])
-@pytest.mark.parametrize('mesh', MESHES)
-@pytest.mark.parametrize('module', [bert_base, gpt], ids=['bert', 'gpt'])
+def _compiles():
+  """The fast tier compiles each kind of mesh once for the TPU slice (BERT with FSDP, GPT
+  tensor parallel); the other two pairs and the GPU node's compiles are in the slow tier
+  (tests/test_aot_gpu.py compiles for GPUs in the fast)."""
+  for topology in SLICES:
+    for mesh in MESHES:
+      for name, module in (('bert', bert_base), ('gpt', gpt)):
+        fast = topology == 'v4:2x2x1' and (name, mesh) in (('bert', 'data_fsdp'), ('gpt', 'tensor'))
+        yield pytest.param(module, mesh, topology, id=f'{name}-{mesh}-{topology}',
+                           marks=() if fast else pytest.mark.slow)
+
+
+@pytest.mark.parametrize('module,mesh,topology', list(_compiles()))
 def test_tiny_train_steps_compile(module, mesh, topology):
   report = aot.compile_step(_tiny(module, mesh, topology), topology)
   devices = dict(SLICES[topology][mesh])

@@ -48,6 +48,7 @@ def test_mfu_divides_by_the_chips_published_peak_in_the_compute_dtype():
   assert bench.mfu_reference('NVIDIA GeForce RTX 4090', 'bfloat16', 3e14)[0] == 3e14
 
 
+@pytest.mark.slow  # a bench.py run with a profile: end to end
 def test_profile_names_the_hlo_ops_that_take_the_time(shared_data_dir, tmp_path):
   config = micro_config(shared_data_dir)
   result = bench.benchmark(config, steps=1, warmup=0, profile_dir=str(tmp_path))
