@@ -14,6 +14,7 @@ from configs import transformer_wmt
 from models import layers
 import trainer.checks
 import trainer.phases
+from trainer import hlo
 
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
@@ -147,14 +148,15 @@ def test_a_step_too_large_for_the_device_is_one_line(topology, vocab_size, messa
 
 
 def test_collectives_are_counted_from_hlo_text():
-  hlo = '\n'.join([
+  hlo_text = '\n'.join([
       '  %ag = bf16[128,512]{1,0:T(8,128)(2,1)} all-gather(bf16[32,512] %p), dimensions={0}',
       '  %ar = (f32[10]{0}, /*index=1*/f32[6]{0}) all-reduce(f32[10] %a, f32[6] %b), to_apply=%add',
       '  %ars = f32[4,4]{1,0} all-reduce-start(f32[4,4] %c), to_apply=%add',
       '  %cp = (bf16[8]{0}, bf16[8]{0}, u32[], u32[]) collective-permute-start(bf16[8] %d)',
       '  %fusion = f32[4]{0} fusion(f32[4] %e), calls=%all-gather-like-name',
   ])
-  found = {kind: {k: c[k] for k in ('count', 'bytes')} for kind, c in aot.collectives(hlo).items()}
+  found = {kind: {k: c[k] for k in ('count', 'bytes')}
+           for kind, c in hlo.collectives(hlo_text).items()}
   assert found['all-gather'] == {'count': 1, 'bytes': 128 * 512 * 2}
   assert found['all-reduce'] == {'count': 2, 'bytes': 16 * 4 + 16 * 4}
   assert found['collective-permute'] == {'count': 1, 'bytes': 16}
@@ -163,7 +165,7 @@ def test_collectives_are_counted_from_hlo_text():
 
 def test_collectives_are_grouped_by_the_operation_and_pass_that_made_them():
   meta = lambda op: f', metadata={{op_name="jit(train_step)/{op}" stack_frame_id=3}}'  # noqa: E731
-  hlo = '\n'.join([
+  hlo_text = '\n'.join([
       '  %cp1 = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start('
       'bf16[64,8] %a)' + meta('transpose(jvp(Model))/layer_0/mlp/wi/dot_general'),
       '  %cp2 = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start('
@@ -173,7 +175,7 @@ def test_collectives_are_grouped_by_the_operation_and_pass_that_made_them():
       '  %ar = f32[100,10]{1,0} all-reduce(f32[100,10] %d), to_apply=%add'
       + meta('transpose(jvp(Model))/token_embed/jit(_take)/scatter-add'),
   ])
-  assert aot.collectives_by_op(hlo) == [
+  assert hlo.collectives_by_op(hlo_text) == [
       {'kind': 'all-reduce', 'op': 'backward Model/token_embed/_take/scatter-add', 'count': 1,
        'bytes': 4000},
       {'kind': 'collective-permute', 'op': 'backward Model/layer_N/mlp/wi/dot_general',

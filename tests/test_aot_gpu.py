@@ -12,6 +12,7 @@ import pytest
 import aot
 from configs import bert_base
 from models import layers
+from trainer import hlo
 from trainer import peaks
 import trainer.checks
 
@@ -87,7 +88,7 @@ def test_collective_seconds_of_a_hand_written_step():
                   link_bytes_per_sec=100e9,
                   network_bytes_per_sec=10e9, gpu=aot.GPUS['h100'].gpu)
   hosts = [0, 0, 1, 1]
-  hlo = '\n'.join([
+  hlo_text = '\n'.join([
       'HloModule step',
       '%body (p: (s32[], f32[100])) -> (s32[], f32[100]) {',
       '  %p = (s32[], f32[100]{0}) parameter(0)',
@@ -111,7 +112,7 @@ def test_collective_seconds_of_a_hand_written_step():
       'backend_config={"known_trip_count":{"n":"3"}}',
       '}',
   ])
-  found = aot.collectives(hlo, chip, hosts)
+  found = hlo.collectives(hlo_text, chip, hosts)
   assert found['all-reduce']['count'] == 1 + 3
   assert found['all-reduce']['bytes'] == 4000 + 3 * 400
   assert found['all-reduce']['seconds'] == pytest.approx(4000 / 100e9 + 3 * 600 / 10e9)
@@ -119,11 +120,11 @@ def test_collective_seconds_of_a_hand_written_step():
   assert found['all-gather']['seconds'] == pytest.approx(20 / 10e9)
   assert found['reduce-scatter']['seconds'] == pytest.approx(1000 / 10e9)
   assert found['collective-permute']['seconds'] == pytest.approx(40 / 100e9)
-  assert aot.collective_seconds(found) == pytest.approx(
+  assert hlo.collective_seconds(found) == pytest.approx(
       4000 / 100e9 + 1800 / 10e9 + 20 / 10e9 + 1000 / 10e9 + 40 / 100e9)
   # A TPU slice is one ICI domain: every byte on the links, whatever the hosts.
   tpu = dataclasses.replace(chip, network_bytes_per_sec=0.0, gpu=None)
-  assert aot.collective_seconds(aot.collectives(hlo, tpu, hosts)) == pytest.approx(
+  assert hlo.collective_seconds(hlo.collectives(hlo_text, tpu, hosts)) == pytest.approx(
       (4000 + 1800 + 20 + 1000 + 40) / 100e9)
 
 
@@ -171,7 +172,7 @@ KERNELS_HLO = '\n'.join([
 
 
 def test_per_kernel_estimate_of_a_hand_written_step(monkeypatch):
-  kernels = {k.name: k for k in aot.hlo_kernels(KERNELS_HLO)}
+  kernels = {k.name: k for k in hlo.hlo_kernels(KERNELS_HLO)}
   assert set(kernels) == {'g', 'f', 'ar', 'att'}
   # The nested gemm fusion: 2 x 64 x 16 x 32 FLOPs; reads a and w, writes g (bf16).
   assert (kernels['g'].kind, kernels['g'].flops, kernels['g'].bytes) == (
@@ -184,7 +185,7 @@ def test_per_kernel_estimate_of_a_hand_written_step(monkeypatch):
   assert (kernels['att'].kind, kernels['att'].flops, kernels['att'].bytes) == (
       'attention', 4 * 2 * 4 * 128 * 128 * 64, 3 * q_bytes + q_bytes + 2 * 4 * 128 * 4)
   assert kernels['ar'].kind == 'collective'
-  assert aot.hlo_bytes(KERNELS_HLO) == sum(k.bytes * k.times for k in kernels.values())
+  assert hlo.hlo_bytes(KERNELS_HLO) == sum(k.bytes * k.times for k in kernels.values())
 
   monkeypatch.setattr(aot, 'MATMUL_EFFICIENCY', 0.5)
   monkeypatch.setattr(aot, 'HBM_EFFICIENCY', 0.5)
@@ -217,11 +218,11 @@ def test_hlo_bytes_agree_with_xla_cost_analysis():
   with jax.set_mesh(mesh):
     compiled = train_step.lower(state, aot.trainer.state.abstract_batch(config, mesh)).compile()
   xla_bytes = aot._cost(compiled)['bytes accessed']
-  assert 0.85 < aot.hlo_bytes(compiled.as_text()) / xla_bytes < 1.15
+  assert 0.85 < hlo.hlo_bytes(compiled.as_text()) / xla_bytes < 1.15
 
 
 def test_hlo_bytes_count_loop_bodies_by_their_trips():
-  hlo = '\n'.join([
+  hlo_text = '\n'.join([
       '%cond (p: (s32[], f32[8])) -> pred[] {',
       '  %n = s32[] constant(5)',
       '  %lt = pred[] compare(%i, %n), direction=LT',
@@ -236,12 +237,12 @@ def test_hlo_bytes_count_loop_bodies_by_their_trips():
       '  %w = (s32[], f32[8]{0}) while(%t), condition=%cond, body=%body',  # 5 trips, from %cond
       '}',
   ])
-  assert aot.hlo_bytes(hlo) == 96 + 5 * 64
+  assert hlo.hlo_bytes(hlo_text) == 96 + 5 * 64
 
 
 def test_hlo_bytes_count_what_is_sliced_or_updated_in_place():
   # An LSTM's loop reads one time step of its inputs and writes one step of its outputs.
-  hlo = '\n'.join([
+  hlo_text = '\n'.join([
       '%fused_step (param_0: f32[20,8], param_1: s32[], param_2: f32[20,8]) -> f32[20,8] {',
       '  %param_0 = f32[20,8]{1,0} parameter(0)',
       '  %param_1 = s32[] parameter(1)',
@@ -260,7 +261,7 @@ def test_hlo_bytes_count_what_is_sliced_or_updated_in_place():
   ])
   # The fusion reads 32 bytes of x, the index and none of y, and writes 32 bytes into y; the
   # dynamic-slice reads and writes one row.
-  assert aot.hlo_bytes(hlo) == (32 + 4 + 0 + 32) + (32 + 4 + 4 + 32)
+  assert hlo.hlo_bytes(hlo_text) == (32 + 4 + 0 + 32) + (32 + 4 + 4 + 32)
 
 
 def _inputs(B=2, L=8, S=8, H=2, K=8):

@@ -11,6 +11,7 @@ import numpy as np
 import aot
 from configs import elmo as elmo_config
 from models import lstm
+from trainer import hlo
 from trainer import sharding
 
 B, L, D, S, P = 2, 7, 8, 16, 6
@@ -168,9 +169,9 @@ def test_fsdp_computes_the_same_and_gathers_the_loops_kernels_before_it(monkeypa
   mesh, step, args = _fsdp_step(layer, None, x_BLD, lengths, tpus,
                                 (('data', 1), ('fsdp', 4), ('tensor', 1)))
   with jax.set_mesh(mesh):
-    hlo = step.lower(*args).compile().as_text()
-  instructions = aot.hlo_instructions(hlo)
+    hlo_text = step.lower(*args).compile().as_text()
+  instructions = hlo.hlo_instructions(hlo_text)
   assert any(times == L for *_, times in instructions)  # the time loop's body was found
   in_loops = [(opcode, shapes) for _, shapes, opcode, _, times in instructions
-              if times > 1 and opcode.removesuffix('-start') in aot.COLLECTIVES]
+              if times > 1 and opcode.removesuffix('-start') in hlo.COLLECTIVES]
   assert not in_loops, in_loops

@@ -162,7 +162,7 @@ def quiet_resource_tracker() -> None:
 
 # How many times the training process started a new resource tracker after its last one died.
 _tracker_starts = 0
-_tracker_lock = threading.Lock()
+_tracker_lock = threading.RLock()  # re-entered if a finalizer that unregisters runs inside
 
 
 def _ensure_running_quietly() -> None:
