@@ -199,7 +199,7 @@ def expand(sweep: dict, workdir: str) -> list[tuple[str, int, list[Run]]]:
     for seed in sweep['seeds']:
       runs, upstream, so_far = [], None, []
       for name, config, base in sweep['stages']:
-        own = list(dict(base).items()) + per_stage[name]
+        own = list({**dict(base), **dict(per_stage[name])}.items())  # a variant's value wins
         so_far += [(f'{name}.{k}', v) for k, v in per_stage[name]]
         run = Run(name, config, tuple(own), seed,
                   os.path.join(workdir, name, _slug(so_far, seed)), upstream)

@@ -350,6 +350,10 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
 
 def example_batch(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   batch_size: int) -> dict[str, np.ndarray]:
-  """A synthetic batch of this pipeline's spec, for initialization, tests and benchmarks."""
-  return synthetic_batch(np.random.default_rng(0), batch_size, data_cfg.max_seq_length,
-                         data_cfg.max_predictions_per_seq, vocab_size)
+  """A synthetic batch of this pipeline's spec, for initialization, tests and benchmarks (and
+  the train step a later phase compiles ahead): without NSP labels where the pipeline has none."""
+  batch = synthetic_batch(np.random.default_rng(0), batch_size, data_cfg.max_seq_length,
+                          data_cfg.max_predictions_per_seq, vocab_size)
+  if not data_cfg.get('next_sentence_prediction', True):
+    del batch['next_sentence_labels']
+  return batch

@@ -13,6 +13,7 @@ from configs import bert_base
 from configs import bert_finetune
 from configs import gpt
 import input_pipeline
+from input_pipeline import bert_pretraining
 from test_train import micro_config
 from test_train import read_metrics
 from trainer import checkpoints
@@ -164,6 +165,26 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
                      r'this config puts step 6 in phase 1: keep data.later_phases') as e:
     trainer.loop.train_and_evaluate(config, resumed, devices=one)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('nsp', [True, False])
+def test_the_example_batch_has_nsp_labels_only_where_the_batches_do(data_dir, nsp):
+  config = two_phase_config(data_dir)
+  config.data.next_sentence_prediction = nsp
+  example = bert_pretraining.example_batch(config.data, 100, 2)
+  assert ('next_sentence_labels' in example) == nsp
+
+
+@pytest.mark.slow
+def test_a_two_phase_run_without_nsp_crosses_its_boundary(data_dir, tmp_path):
+  # Phase 2's step is compiled ahead from the pipeline's example batch, which had NSP labels
+  # that an MLM-only run's batches lack: the run stopped at the boundary (a pytree mismatch).
+  config = two_phase_config(data_dir)
+  config.data.next_sentence_prediction = False
+  state = trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'),
+                                          devices=jax.devices()[:1])
+  assert int(state.step) == 6
+  assert [r['max_seq_length'] for r in read_metrics(tmp_path / 'run') if 'loss' in r][-1] == 64
 
 
 def _pretraining_run(workdir, *, later_phases=(), phase=0, positions=None):

@@ -65,6 +65,20 @@ def test_variants_axes_and_seeds_expand_and_upstream_runs_are_shared(tmp_path):
                                      '--config.data.next_sentence_prediction=False']
 
 
+def test_a_variant_overrides_its_stages_own_setting_once(tmp_path):
+  # Given twice on the command line, a tuple field took both values (ml_collections): the
+  # masking sweep's later_phases had two phases at 0.9 and its rate variants failed to start.
+  text = TWO_STAGES.replace("{'train.num_steps': 10}",
+                            "{'train.num_steps': 10, 'data.later_phases': ((0.9, 128, 20, False),)}")
+  text = text.replace("{'pretrain.data.next_sentence_prediction': False}",
+                      "{'pretrain.data.later_phases': ((0.8, 128, 13, False),)}")
+  runs = sweep.unique_runs(sweep.expand(sweep.load_sweep(_write(tmp_path, text)), 'W'))
+  phases = [[a for a in run.argv() if a.startswith('--config.data.later_phases=')]
+            for run in runs if run.stage == 'pretrain']
+  assert sorted(phases) == [['--config.data.later_phases=((0.8, 128, 13, False),)']] * 2 + [
+      ['--config.data.later_phases=((0.9, 128, 20, False),)']] * 2
+
+
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, 'configs', 'sweeps', '*.py')))
 
 
