@@ -269,10 +269,7 @@ def run_mesh(run: Run):
 
 @functools.lru_cache(maxsize=None)
 def _config(path: str, variant: str):
-  module_spec = importlib.util.spec_from_file_location('_config', os.path.join(ROOT, path))
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(variant) if variant else module.get_config()
+  return cli.config_from_file(os.path.join(ROOT, path), variant)
 
 
 def check_slices(runs: list[Run], cut: list[slices.Slice]) -> None:

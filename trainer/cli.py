@@ -31,16 +31,21 @@ def skip_absent_accelerators() -> None:
     jax.config.update('jax_platforms', 'cpu')
 
 
+def config_from_file(path: str, variant: str = ''):
+  """get_config(variant) of a config file, loaded without the --config flag."""
+  spec = importlib.util.spec_from_file_location('_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
 def bad_override(argv: list[str]) -> str | None:
   """The first --config.<path> override whose path the config file does not have."""
   config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
     return None
   path, _, variant = config_arg.partition(':')
-  spec = importlib.util.spec_from_file_location('_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  node = module.get_config(variant) if variant else module.get_config()
+  node = config_from_file(path, variant)
   for arg in argv:
     if not arg.startswith('--config.'):
       continue
