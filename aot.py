@@ -6,6 +6,7 @@ and MFU bound, and the collectives XLA inserted.
         --config.mesh='(("data",4),("fsdp",4),("tensor",1))'
     python aot.py --config=configs/bert_base.py:large --topology=h100:8
     python aot.py --config=configs/bert_base.py --topology=v4:2x2x1 --find_max_batch
+    python aot.py --config=configs/gpt.py --topology=h100:1 --kernels=20  # where GPU time goes
 
 The train step is train.py's own (trainer.state.build, with the config's logical axis
 rules and XLA options); the state comes from jax.eval_shape and the batch is abstract, so
@@ -280,19 +281,42 @@ def gpu_compute_estimate(hlo_text: str, chip: Chip, dtype: str
   the rest on the CUDA cores (SMs x FP32 units x clock x 2).
   """
   kernels = [k for k in hlo.hlo_kernels(hlo_text) if k.kind != 'collective']
-  gpu = chip.gpu
-  tensor_cores = chip.peak.flops(dtype) * MATMUL_EFFICIENCY
-  rates = {'matmul': tensor_cores, 'attention': tensor_cores,
-           'vector': gpu.sm_count * gpu.fp32_units_per_sm * gpu.clock_ghz * 1e9 * 2}
-  bandwidth = chip.hbm_bytes_per_sec * HBM_EFFICIENCY
-  by_kind = {kind: 0.0 for kind in rates}
-  for k in kernels:
-    by_kind[k.kind] += k.times * max(k.flops / rates[k.kind], k.bytes / bandwidth)
+  by_kind = {kind: 0.0 for kind in ('matmul', 'attention', 'vector')}
+  for k, seconds in zip(kernels, _kernel_seconds(kernels, chip, dtype)):
+    by_kind[k.kind] += k.times * seconds
   launches = sum(k.times for k in kernels)
   by_kind['fixed'] = launches * KERNEL_SECONDS
   counts = {'flops': sum(k.flops * k.times for k in kernels),
             'bytes accessed': sum(k.bytes * k.times for k in kernels), 'kernels': launches}
   return sum(by_kind.values()), f'per kernel, {launches} kernels', counts, by_kind
+
+
+def _kernel_seconds(kernels: list[hlo.Kernel], chip: Chip, dtype: str) -> list[float]:
+  """Each kernel's seconds per run, without the fixed cost (gpu_compute_estimate's rule)."""
+  gpu = chip.gpu
+  tensor_cores = chip.peak.flops(dtype) * MATMUL_EFFICIENCY
+  rates = {'matmul': tensor_cores, 'attention': tensor_cores,
+           'vector': gpu.sm_count * gpu.fp32_units_per_sm * gpu.clock_ghz * 1e9 * 2}
+  bandwidth = chip.hbm_bytes_per_sec * HBM_EFFICIENCY
+  return [max(k.flops / rates[k.kind], k.bytes / bandwidth) for k in kernels]
+
+
+def kernels_by_op(hlo_text: str, chip: Chip, dtype: str, top: int = 30) -> list[dict[str, Any]]:
+  """The GPU step's kernels grouped by the jax operation that made them (op_name), largest
+  estimated time first: where the step's time goes, by gpu_compute_estimate's rule (each
+  group's seconds include its kernels' fixed cost)."""
+  kernels = [k for k in hlo.hlo_kernels(hlo_text) if k.kind != 'collective']
+  groups: dict[tuple[str, str], dict[str, Any]] = {}
+  for k, seconds in zip(kernels, _kernel_seconds(kernels, chip, dtype)):
+    # One group for the same op in every layer.
+    op = re.sub(r'layer_\d+', 'layer_*', re.sub(r'^jit\([\w.]+\)/', '', k.op_name)) or k.name
+    group = groups.setdefault((op, k.kind), {'op': op, 'kind': k.kind, 'count': 0,
+                                             'seconds': 0.0, 'flops': 0.0, 'bytes': 0.0})
+    group['count'] += k.times
+    group['seconds'] += k.times * (seconds + KERNEL_SECONDS)
+    group['flops'] += k.times * k.flops
+    group['bytes'] += k.times * k.bytes
+  return sorted(groups.values(), key=lambda g: -g['seconds'])[:top]
 
 
 def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[str, Any]:
@@ -330,9 +354,10 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
   model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   hlo_text = compiled.as_text()
   cost = _cost(compiled)
-  by_kind = {}
+  by_kind, by_op = {}, []
   if chip.gpu:
     compute_seconds, source, counts, by_kind = gpu_compute_estimate(hlo_text, chip, model_cfg.dtype)
+    by_op = kernels_by_op(hlo_text, chip, model_cfg.dtype)
     undercount = 1.0
   else:
     # Only a step that fits is worth the two more compiles of the unrolled estimate.
@@ -370,6 +395,7 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'collective_seconds': comm_seconds,
       'step_seconds_source': source,
       'compute_seconds_by_kind': by_kind,  # GPUs: matmul, attention, vector and fixed costs
+      'kernels_by_op': by_op,  # GPUs: the 30 largest groups of kernels
       'xla_optimal_seconds': float(cost.get('optimal_seconds', -1.0)),
       'xla_flops_per_device': float(counts.get('flops', 0.0)),
       'xla_bytes_per_device': float(counts.get('bytes accessed', 0.0)),
@@ -455,8 +481,9 @@ def _gib(n: float) -> str:
   return f'{n / GiB:.2f} GiB'
 
 
-def print_table(report: dict[str, Any], by_op: int = 0) -> None:
-  """The report as aligned rows; `by_op` > 0 adds that many groups of collectives by op."""
+def print_table(report: dict[str, Any], by_op: int = 0, top_kernels: int = 0) -> None:
+  """The report as aligned rows; `by_op` > 0 adds that many groups of collectives by op,
+  `top_kernels` > 0 that many groups of a GPU step's kernels by op."""
   unit = 'GPU' if report['platform'] == 'gpu' else 'chip'
   kernels = {'flash': f"{report['pallas_kernels']} Pallas calls",
              'cudnn': f"{report['cudnn_attention_calls']} cuDNN calls"}
@@ -496,6 +523,9 @@ def print_table(report: dict[str, Any], by_op: int = 0) -> None:
            for kind, c in report['collectives'].items() if c['count']]
   rows += [('  ' + c['kind'], f"{c['count']} ops, {c['bytes'] / 2 ** 20:.1f} MiB: {c['op']}")
            for c in report['collectives_by_op'][:by_op]]
+  rows += [(f"  {k['kind']} {k['seconds'] * 1e3:.2f} ms",
+            f"{k['count']} kernels, {k['bytes'] / 2 ** 30:.2f} GiB: {k['op']}")
+           for k in report.get('kernels_by_op', [])[:top_kernels]]
   if report['replicated_params']:
     rows.append(('unsharded params', ', '.join(report['replicated_params'])))
   if report['compiler_options']:
@@ -526,7 +556,7 @@ def main(argv):
       print(f'== {phase.describe(count)}')
     report = phase_report(phase.config)
     report['phase'] = phase.index + 1
-    print_table(report, FLAGS.collectives_by_op)
+    print_table(report, FLAGS.collectives_by_op, FLAGS.kernels)
     print(json.dumps(report), flush=True)
 
 
@@ -558,6 +588,8 @@ if __name__ == '__main__':
                        '1; 0 compiles each.')
   flags.DEFINE_integer('collectives_by_op', 0, "List the step's N largest groups of collectives "
                        '(up to 20) by the operation that made them (the HLO op_name) and pass.')
+  flags.DEFINE_integer('kernels', 0, "GPUs: list the step's N largest groups of kernels (up to "
+                       '30) by estimated time, with the operation that made them (the HLO op_name).')
   flags.DEFINE_bool('find_max_batch', False, 'Search the largest per-device batch that fits.')
   flags.DEFINE_bool('input_rate', False, "Measure the input pipeline's examples/s on this host "
                     '(data.workers processes, at least 1) and the workers a host needs.')

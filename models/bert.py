@@ -113,8 +113,8 @@ class Model(nn.Module):
             dtype=dtype, name='nsp_head')(pooled_BD).astype(jnp.float32),
     }
     if 'masked_lm_positions' in batch:
-      outputs['mlm_logits'] = self._mlm_logits(out_BLD, batch['masked_lm_positions'],
-                                               token_embed, init, dtype)
+      outputs['mlm_logits'], outputs['mlm_output'] = self._mlm_logits(
+          out_BLD, batch['masked_lm_positions'], token_embed, init, dtype)
     if cfg.num_labels:
       outputs.update(self._task_head(out_BLD, pooled_BD, init, dtype, deterministic))
     return outputs
@@ -136,7 +136,8 @@ class Model(nn.Module):
     return {'logits': layers.Einsum('BD,DN->BN', (D, N), ('embed', None), kernel_init=init,
                                     dtype=dtype, name='classifier')(x_BD).astype(jnp.float32)}
 
-  def _mlm_logits(self, x_BLD, positions_BP, token_embed, init, dtype) -> Array:
+  def _mlm_logits(self, x_BLD, positions_BP, token_embed, init, dtype
+                  ) -> tuple[Array, dict[str, Array]]:
     # Only the masked positions reach the vocabulary projection: the largest
     # matmul of the step shrinks from L to P rows per example.
     cfg = self.config
@@ -149,7 +150,10 @@ class Model(nn.Module):
     bias_V = self.param('mlm_output_bias',
                         nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',)),
                         (cfg.vocab_size,), jnp.float32)
-    return layers.add_bias(token_embed.attend(x_BPD), bias_V)
+    # The loss makes the logits in chunks from these (lm.output_layer_loss); mlm_logits is then
+    # never computed (XLA drops what nothing reads).
+    output = {'x': x_BPD, 'table': token_embed.output_table(), 'bias': bias_V}
+    return layers.add_bias(token_embed.attend(x_BPD), bias_V), output
 
 
 def train_flops_per_example(cfg: Config, data_cfg) -> float:

@@ -117,6 +117,9 @@ class Model(nn.Module):
         'hidden_states': [unflat(h) for h in [x_NLD] + hidden],  # embeddings, then each layer
         'sequence_output': unflat(out_NLD),
         'lm_logits': unflat(token_embed.attend(out_NLD)),  # W_e^T (sec. 3.1, eq. 2)
+        # The same layer unapplied: the loss makes its logits in chunks (lm.output_layer_loss);
+        # lm_logits is then never computed (XLA drops what nothing reads).
+        'lm_output': {'x': unflat(out_NLD), 'table': token_embed.output_table(), 'bias': None},
     }
     if cfg.num_labels and not decode:
       outputs['logits'] = self._task_logits(unflat(out_NLD), batch, init, deterministic)

@@ -11,6 +11,7 @@ Shape legend for names such as `x_BLD`:
 
 import functools
 import math
+import zlib
 from typing import Any, Callable, Sequence
 
 import flax
@@ -22,6 +23,10 @@ try:  # an experimental module: a jax newer than the pin may move it (then model
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 except ImportError:
   tpu_flash = None
+try:  # below jax's public API: the only way to cuDNN's dropout (then it is refused in one line)
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fmha
+except ImportError:
+  cudnn_fmha = None
 
 from models.dropout import Dropout
 from models.dropout import dropout
@@ -48,10 +53,14 @@ def check_attention(attention: str, attention_dropout_rate: float) -> None:
   """A model Config's check of its attention kernel (train.model_config resolves 'auto')."""
   if attention not in ATTENTION_KERNELS:
     raise ValueError(f'model.attention={attention!r}: use one of {ATTENTION_KERNELS}.')
-  if attention in FUSED_KERNELS and attention_dropout_rate:
-    raise ValueError(f'model.attention={attention} has no dropout on the attention probabilities '
+  if attention == 'flash' and attention_dropout_rate:
+    raise ValueError(f'model.attention=flash has no dropout on the attention probabilities '
                      f'but model.attention_dropout_rate={attention_dropout_rate}: set it to 0 or '
-                     'use model.attention=xla.')
+                     'use model.attention=xla (or cudnn on NVIDIA GPUs).')
+  if attention == 'cudnn' and attention_dropout_rate and cudnn_fmha is None:
+    raise ValueError(f'model.attention=cudnn with model.attention_dropout_rate='
+                     f'{attention_dropout_rate} needs jax._src.cudnn.fused_attention_stablehlo, '
+                     f'which this jax ({jax.__version__}) lacks: use model.attention=xla.')
 
 
 def truncated_normal(stddev: float) -> Initializer:
@@ -131,6 +140,11 @@ class Embed(nn.Module):
 
   def attend(self, x_BPD: Array) -> Array:
     """Scores against every row in float32 (tied output layer)."""
+    return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32),
+                      self.output_table().astype(jnp.float32))
+
+  def output_table(self) -> Array:
+    """The table as the tied output layer reads it (attend, objectives.lm.output_layer_loss)."""
     table_VD = self.embedding
     if _split_both_ways(self.axes):
       # Gathered over `embed` first: with the table sharded on both axes, XLA (jax 0.10.2)
@@ -139,7 +153,7 @@ class Embed(nn.Module):
       # table's gradient whole over every device (an all-reduce across nodes) where it
       # otherwise sums each device's FSDP shard over the data axis alone.
       table_VD = nn.with_logical_constraint(table_VD, (self.axes[0], None))
-    return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32), table_VD.astype(jnp.float32))
+    return table_VD
 
 
 def _split_both_ways(axes: Sequence[str | None]) -> bool:
@@ -252,12 +266,42 @@ def cudnn_arguments(mask: SegmentMask) -> dict[str, Any]:
   return {'mask': mask.dense(), 'is_causal': mask.causal}
 
 
-def fused_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask) -> Array:
-  """The fused kernel `mask.kernel` names; the same function as dot_product_attention."""
+def fused_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask,
+                    dropout_rate: float = 0.0, dropout_seed: int = 0) -> Array:
+  """The fused kernel `mask.kernel` names; the same function as dot_product_attention (with
+  dropout on the probabilities at `dropout_rate`: cuDNN only, see cudnn_dropout_attention)."""
+  if dropout_rate:
+    return cudnn_dropout_attention(q_BLHK, k_BSHK, v_BSHK, mask, dropout_rate, dropout_seed)
   if mask.kernel == 'cudnn':  # XLA partitions the cuDNN call over the batch and heads itself
     return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, **cudnn_arguments(mask),
                                         implementation='cudnn')
   return flash_attention(q_BLHK, k_BSHK, v_BSHK, mask)
+
+
+def cudnn_dropout_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask,
+                            rate: float, seed: int) -> Array:
+  """cuDNN's fused attention with dropout on the probabilities, inside the kernel (jax's
+  function below jax.nn.dot_product_attention, which has no dropout argument).
+
+  The mask is not drawn from the step's RNG: cuDNN draws it from `seed`, a constant of the
+  compiled step, and a count of the kernel's calls in the process (an H200 drew another mask
+  at each call of one compiled kernel). So each layer takes a seed of its own, the masks do
+  not depend on config.seed, a resumed run draws other masks than an uninterrupted one would
+  (the same distribution), and under lax.scan the backward calls drew other masks than their
+  forward calls (trainer/checks.py refuses scan_layers with it): docs/accelerators.md.
+  """
+  arguments = cudnn_arguments(mask)
+  if 'mask' in arguments:
+    lengths, mask_B1LS = (None, None), arguments['mask']
+  else:
+    lengths, mask_B1LS = (arguments['query_seq_lengths'], arguments['key_value_seq_lengths']), None
+  types = cudnn_fmha.MaskType
+  padded = lengths[0] is not None
+  mask_type = ((types.PADDING_CAUSAL if padded else types.CAUSAL) if mask.causal else
+               types.PADDING if padded else types.NO_MASK)
+  return cudnn_fmha.dot_product_attention(
+      q_BLHK, k_BSHK, v_BSHK, None, mask_B1LS, *lengths, scale=q_BLHK.shape[-1] ** -0.5,
+      mask_type=mask_type, seed=seed, dropout_rate=rate, qkv_layout='BTNH')
 
 
 def flash_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask) -> Array:
@@ -318,8 +362,11 @@ class MultiHeadAttention(nn.Module):
     q_BLHK = nn.with_logical_constraint(q_BLHK, ('batch', 'length', 'act_heads', 'kv'))
     if self.decode:
       k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
-    if isinstance(mask_B11S, SegmentMask):  # check_attention rules out attention dropout
-      out_BLHK = fused_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
+    if isinstance(mask_B11S, SegmentMask):  # check_attention allows dropout to cuDNN only
+      rate = 0.0 if deterministic else self.dropout_rate
+      # A seed of this layer's own (cudnn_dropout_attention): its module path, hashed.
+      seed = zlib.crc32('/'.join(self.scope.path).encode()) & 0x7FFFFFFF if rate else 0
+      out_BLHK = fused_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S, rate, seed)
     elif deterministic or self.dropout_rate == 0.0:
       out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B11S)
     else:

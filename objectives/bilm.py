@@ -127,35 +127,6 @@ def _blockwise(fn, mesh, spec, out_spec, table, ids_R, *rows):
                        out_specs=out_spec, check_vma=False)(table, ids_R, *rows)
 
 
-# Rows of the full softmax per block: (rows, V) float32 logits of about 256 MB at most.
-_FULL_SOFTMAX_BLOCK_ELEMENTS = 1 << 26
-
-
-def blocked_full_softmax_stats(states_ND: Array, kernel_VD: Array, bias_V: Array,
-                               targets_N: Array, weights_N: Array) -> tuple[Array, Array, Array]:
-  """lm.token_stats of the full softmax, computed over blocks of rows.
-
-  At the paper's size (384 x 20 rows per direction, V = 793,471) one (N, V)
-  logits array would need tens of GB; bilm-tf evaluates one sentence at a
-  time for the same reason. A block is at most _FULL_SOFTMAX_BLOCK_ELEMENTS
-  logits; a small vocabulary takes all rows in one block.
-  """
-  N = states_ND.shape[0]
-  rows = max(1, min(N, _FULL_SOFTMAX_BLOCK_ELEMENTS // kernel_VD.shape[0]))
-  if rows == N:
-    return lm.token_stats(full_softmax_logits(states_ND, kernel_VD, bias_V), targets_N, weights_N)
-  blocks = -(-N // rows)
-  pad = blocks * rows - N
-  # Padded rows have weight 0, so they add nothing.
-  states_GRD = jnp.pad(states_ND, ((0, pad), (0, 0))).reshape(blocks, rows, -1)
-  targets_GR = jnp.pad(targets_N, (0, pad)).reshape(blocks, rows)
-  weights_GR = jnp.pad(weights_N, (0, pad)).reshape(blocks, rows)
-  stats = jax.lax.map(lambda block: lm.token_stats(
-      full_softmax_logits(block[0], kernel_VD, bias_V), block[1], block[2]),
-      (states_GRD, targets_GR, weights_GR))
-  return tuple(x.sum() for x in stats)
-
-
 def direction_targets(token_ids_BL: Array, lengths_B: Array
                       ) -> dict[str, tuple[Array, Array]]:
   """{'forward': (targets_BL, valid_BL), 'backward': (...)}: the next / previous token within the row."""
@@ -181,7 +152,7 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   which matters to Adagrad's first steps (its accumulators start at 1.0).
   """
   sampled = 'sampled_ids' in outputs
-  metrics, sums, counts = {}, {}, {}
+  metrics, sums, counts, losses = {}, {}, {}, {}
   targets = direction_targets(batch['token_ids'], batch['lengths'])
   for direction, (targets_BL, valid_BL) in targets.items():
     states_BLD = outputs[f'{direction}_states']
@@ -195,13 +166,19 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
                                   outputs['log_expected_counts'])
       sums[direction] = jnp.where(valid_N, nll_N, 0.0).sum()
       counts[direction] = valid_N.sum().astype(jnp.float32)
+      losses[direction] = 0.5 * sums[direction] / jnp.maximum(counts[direction], 1.0)
     else:
-      sums[direction], counts[direction], correct = blocked_full_softmax_stats(
-          states_ND, outputs['softmax_kernel'], outputs['softmax_bias'], targets_N,
-          valid_N.astype(jnp.float32))
+      # In chunks of rows: at the paper's size (384 x 20 rows per direction, V = 793,471) the
+      # (N, V) logits would need tens of GB; bilm-tf evaluates one sentence at a time for the
+      # same reason.
+      weights_N = valid_N.astype(jnp.float32)
+      layer = {'x': states_ND, 'table': outputs['softmax_kernel'], 'bias': outputs['softmax_bias']}
+      losses[direction], sums[direction], counts[direction], correct = lm.output_stats(
+          {'softmax_output': layer}, 'softmax', targets_N, weights_N,
+          0.5 * weights_N / jnp.maximum(weights_N.sum(), 1.0))
       metrics[f'{direction}_accuracy'] = lm.pair(correct, counts[direction])
     metrics[f'{direction}_loss'] = lm.pair(sums[direction], counts[direction])
-  loss = 0.5 * sum(sums[d] / jnp.maximum(counts[d], 1.0) for d in targets)
+  loss = sum(losses.values())
   # Both directions have max(length - 1, 0) targets per row, so this pooled pair's mean is
   # the loss above, and unlike the loss it adds up across micro-batches, devices and steps.
   metrics['loss'] = lm.pair(sum(sums.values()), sum(counts.values()))

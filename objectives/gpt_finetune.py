@@ -74,21 +74,21 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   metrics['task_loss'] = lm.pair(task_sum, num_examples)
   loss = task_loss
 
-  if 'lm_logits' in outputs:
+  if 'lm_logits' in outputs or 'lm_output' in outputs:
     # The padding examples' tokens are out of the LM too.
     lm_weights = batch['weights'] * weights_B.reshape((-1,) + (1,) * (batch['weights'].ndim - 1))
-    # One row per sequence S = B * C: (nll, count) of each sequence.
-    length, vocab = outputs['lm_logits'].shape[-2:]
-    nll_S, count_S, _ = jax.vmap(lm.token_stats)(
-        outputs['lm_logits'].reshape(-1, length, vocab), batch['targets'].reshape(-1, length),
-        lm_weights.reshape(-1, length))
-    metrics['lm_loss'] = lm.pair(nll_S.sum(), count_S.sum())
+    # One row per sequence S = B * C; L1 is the mean over sequences of each one's mean NLL.
+    length = batch['targets'].shape[-1]
+    weights_SL = lm_weights.reshape(-1, length).astype(jnp.float32)
+    count_S = weights_SL.sum(axis=1)
+    # Padding examples' sequences have no weighted token and are not counted.
+    num_sequences = jnp.maximum((count_S > 0).sum(), 1)
+    loss_weights_SL = lm_coef * weights_SL / jnp.maximum(count_S, 1e-6)[:, None] / num_sequences
+    lm_loss, nll, count, _ = lm.output_stats(outputs, 'lm', batch['targets'],
+                                             lm_weights, loss_weights_SL.reshape(lm_weights.shape))
+    metrics['lm_loss'] = lm.pair(nll, count)
     if lm_coef:  # a Python float: lm_coef = 0 leaves L1 out of the graph of the loss
-      # Padding examples' sequences have no weighted token and are not counted.
-      counted_S = count_S > 0
-      sequence_nll_S = jnp.where(counted_S, nll_S / jnp.maximum(count_S, 1e-6), 0.0)
-      num_sequences = counted_S.sum()
-      loss = loss + lm_coef * sequence_nll_S.sum() / jnp.maximum(num_sequences, 1)
+      loss = loss + lm_loss
   metrics['loss'] = lm.pair(loss * num_examples, num_examples)
   return loss, metrics
 

@@ -24,11 +24,9 @@ def _pair(total: Array, count: Array) -> Array:
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
             ) -> tuple[Array, dict[str, Array]]:
   weights_BP = batch['masked_lm_weights'].astype(jnp.float32)
-  nll_BP, correct_BP = lm.cross_entropy(outputs['mlm_logits'], batch['masked_lm_ids'])
-  mlm_count = weights_BP.sum()
-  mlm_sum = (nll_BP * weights_BP).sum()
-  loss = mlm_sum / jnp.maximum(mlm_count, 1.0)
-  mlm_correct = (correct_BP * weights_BP).sum()
+  loss, mlm_sum, mlm_count, mlm_correct = lm.output_stats(
+      outputs, 'mlm', batch['masked_lm_ids'], weights_BP,
+      weights_BP / jnp.maximum(weights_BP.sum(), 1.0))
   metrics = {'mlm_loss': _pair(mlm_sum, mlm_count),
              'mlm_accuracy': _pair(mlm_correct, mlm_count)}
 

@@ -11,6 +11,7 @@ import pytest
 
 import aot
 from configs import bert_base
+from configs import gpt as gpt_config
 from models import layers
 from trainer import hlo
 from trainer import peaks
@@ -53,9 +54,49 @@ def test_auto_attention_per_platform_dtype_and_head_width():
   with pytest.raises(ValueError, match='cudnn computes in bfloat16 or float16'):
     trainer.checks.model_config(config, 'gpu')
   config.model.dtype = 'auto'
-  config.model.attention_dropout_rate = 0.1
-  with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
+  config.model.attention_dropout_rate = 0.1  # cuDNN's dropout: opt-in, auto keeps XLA's
+  assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
+  config.model.scan_layers = True  # the backward's masks were not the forward's (an H200)
+  with pytest.raises(ValueError, match='set model.scan_layers=False or use model.attention=xla'):
     trainer.checks.model_config(config, 'gpu')
+  config.model.scan_layers = False
+  config.model.attention = 'auto'
+  assert trainer.checks.model_config(config, 'gpu').attention == 'xla'
+  config.model.attention = 'flash'
+  with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
+    trainer.checks.model_config(config, 'tpu')
+
+
+def test_cudnn_dropout_on_a_gpu_needs_cudnn_outside_cuda_graphs(monkeypatch):
+  config = bert_base.get_config('tiny')
+  config.model.attention = 'cudnn'
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')  # running on one, not compiling
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+  with pytest.raises(ValueError, match='export XLA_FLAGS="--xla_gpu_enable_command_buffer=-CUDNN"'):
+    trainer.checks.model_config(config, 'gpu')
+  monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_command_buffer=-CUDNN')
+  assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
+
+
+def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it():
+  """GPT with the paper's attention dropout in cuDNN's kernel (model.attention=cudnn): a forward
+  and a backward call per layer, each costed by its FLOPs and bytes like any kernel, so that
+  the estimate cannot skip the attention."""
+  config = gpt_config.get_config('tiny')
+  config.model.attention = 'cudnn'
+  config.train.batch_size = 8
+  report = aot.compile_step(config, 'h100:1')
+  layers_count = config.model.num_layers
+  assert report['attention'] == 'cudnn' and report['cudnn_attention_calls'] == 2 * layers_count
+  attention = [k for k in report['kernels_by_op'] if k['kind'] == 'attention']
+  assert sum(k['count'] for k in attention) == 2 * layers_count
+  L, D = config.data.max_seq_length, config.model.hidden_size
+  # Forward: two products of B x L x L over every head's width; backward: five.
+  forward_flops = 4 * config.train.batch_size * L * L * D
+  assert sorted(k['flops'] for k in attention) == [layers_count * forward_flops,
+                                                  layers_count * forward_flops * 10 / 4]
+  assert all(k['bytes'] > 0 for k in attention)
+  assert report['compute_seconds_by_kind']['attention'] > 0
 
 
 @pytest.mark.slow  # a 4-process, 32-GPU compile

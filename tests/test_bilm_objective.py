@@ -14,6 +14,7 @@ import pytest
 from configs import elmo as elmo_config
 from models import elmo
 from objectives import bilm
+from objectives import lm
 from trainer import sharding
 
 B, L, V, D = 3, 5, 7, 4
@@ -187,10 +188,10 @@ def test_summarize_and_metrics_add_across_half_batches():
 
 
 def test_blocked_full_softmax_equals_one_block(monkeypatch):
-  """Eval's full softmax in blocks of rows (the paper's vocabulary cannot take all rows at once)."""
+  """The full softmax in chunks of rows (the paper's vocabulary cannot take all rows at once)."""
   outputs, batch = example(garbage=0.0)
   whole = jax.device_get(bilm.loss_fn(outputs, batch)[1])
-  monkeypatch.setattr(bilm, '_FULL_SOFTMAX_BLOCK_ELEMENTS', 2 * V)  # 2 rows per block, padded
+  monkeypatch.setattr(lm, 'CHUNK_LOGITS', 2 * V)  # 2 rows per chunk
   blocked = jax.device_get(bilm.loss_fn(outputs, batch)[1])
   for name, value in whole.items():
     np.testing.assert_allclose(blocked[name], value, rtol=1e-5, err_msg=name)

@@ -257,3 +257,55 @@ def test_models_give_cudnn_the_xla_paths_masks_and_scale(name, cudnn_on_xla):
     got = _loss_and_grads(config, 'cudnn', params, batch)(params)
     assert 'cudnn' in cudnn_on_xla
     _assert_same_training(got, _loss_and_grads(config, 'xla', params, batch)(params))
+
+
+@pytest.fixture
+def cudnn_dropout_on_xla(monkeypatch):
+  """cuDNN's attention with dropout (layers.cudnn_fmha) run by XLA's implementation, its dropout
+  left out: the masks, lengths, causality and scale the models give it, computed by XLA, and the
+  seeds and rates they pass (cuDNN's dropout itself: peers/attention_dropout_gpu.py on a GPU)."""
+  types = layers.cudnn_fmha.MaskType
+  calls = []
+
+  def attention(query, key, value, bias, mask, q_seqlen, kv_seqlen, *, scale, mask_type, seed,
+                dropout_rate, qkv_layout):
+    calls.append({'seed': seed, 'rate': dropout_rate, 'scale': scale, 'layout': qkv_layout})
+    return jax.nn.dot_product_attention(
+        query, key, value, bias, mask, query_seq_lengths=q_seqlen,
+        key_value_seq_lengths=kv_seqlen, scale=scale, implementation='xla',
+        is_causal=mask_type in (types.CAUSAL, types.PADDING_CAUSAL))
+
+  monkeypatch.setattr(layers.cudnn_fmha, 'dot_product_attention', attention)
+  return calls
+
+
+@pytest.mark.parametrize('name', ['gpt_rows', pytest.param('bert_padded', marks=pytest.mark.slow),
+                                  pytest.param('gpt_packed', marks=pytest.mark.slow)])
+def test_cudnn_dropout_gets_the_xla_paths_masks_and_scale_and_a_seed_per_layer(
+    name, cudnn_dropout_on_xla):
+  config, batch, params = _family(name)
+  config.model.dropout_rate = 0.0  # the attention's dropout alone
+  module = importlib.import_module(f'models.{config.model_name}')
+  objective = importlib.import_module(f'objectives.{config.objective}')
+
+  def training(kernel, rate):
+    model = module.Model(dataclasses.replace(trainer.checks.model_config(config, 'cpu'),
+                                             attention=kernel, attention_dropout_rate=rate))
+
+    def loss(params):
+      outputs = model.apply({'params': params}, batch, deterministic=False,
+                            rngs={'dropout': jax.random.key(1)})
+      return objective.loss_fn(outputs, batch)[0]
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
+    got = training('cudnn', 0.1)  # dropout, which the stand-in leaves out
+    expected = training('xla', 0.0)
+  _assert_same_training(got, expected)
+  layers_count = config.model.num_layers
+  assert len(cudnn_dropout_on_xla) == layers_count  # traced once, each layer's call
+  assert len({c['seed'] for c in cudnn_dropout_on_xla}) == layers_count  # a seed each
+  head_dim = config.model.hidden_size // config.model.num_heads
+  for call in cudnn_dropout_on_xla:
+    assert (call['rate'], call['layout']) == (0.1, 'BTNH')
+    assert call['scale'] == pytest.approx(head_dim ** -0.5)

@@ -1,6 +1,7 @@
 """Tests of the next-token LM objective (Radford et al. 2018, sec. 3.1, eq. 1)."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -120,3 +121,99 @@ def test_cross_entropy_matches_autodiff_of_log_softmax(dtype):
   tolerance = 1e-6 if dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(want, np.float32),
                              atol=tolerance)
+
+
+def _output_layer_case(rows=(3, 10), width=16, vocab=37, dtype=jnp.float32, bias=True):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=rows + (width,)), dtype)
+  table = jnp.asarray(rng.normal(size=(vocab, width)) * 0.3, jnp.float32)
+  bias_v = jnp.asarray(rng.normal(size=vocab), jnp.float32) if bias else None
+  targets = jnp.asarray(rng.integers(0, vocab, rows), jnp.int32)
+  weights = jnp.asarray(rng.random(rows) < 0.7, jnp.float32) * jnp.asarray(
+      rng.integers(1, 3, rows), jnp.float32)
+  return x, table, bias_v, targets, weights
+
+
+def _whole_logits(x, table, bias_v, targets, weights):
+  """token_stats over the whole (X, V) logits, as attend() makes them: the path it replaces."""
+  logits = x.astype(jnp.float32) @ table.T + (0.0 if bias_v is None else bias_v)
+  return lm.token_stats(logits, targets, weights)
+
+
+# 30 rows x 37 words: 1 chunk; 10 of 3 rows; 8 of 4 rows (2 rows of padding); 30 of 1 row.
+@pytest.mark.parametrize('max_logits', [1 << 20, 37 * 3, 37 * 4, 37])
+@pytest.mark.parametrize('bias', [True, False])
+def test_output_layer_loss_in_chunks_equals_the_whole_logits_path(max_logits, bias):
+  """Loss, per-token NLL and accuracy, and the gradients of x, table and bias, within 1e-5 in
+  float32, for one chunk, several, and rows that do not divide into chunks."""
+  x, table, bias_v, targets, weights = _output_layer_case(bias=bias)
+  nll_sum, count, correct = _whole_logits(x, table, bias_v, targets, weights)
+
+  def chunked(x, table, bias_v):
+    return lm.output_layer_loss(x, table, bias_v, targets, weights / count, max_logits)
+
+  loss, nll, right = jax.jit(chunked)(x, table, bias_v)
+  np.testing.assert_allclose(float(loss), float(nll_sum / count), rtol=1e-5)
+  np.testing.assert_allclose(float(jnp.where(weights != 0, nll * weights, 0).sum()),
+                             float(nll_sum), rtol=1e-5)
+  assert float((right * weights).sum()) == float(correct)
+  argnums = (0, 1, 2) if bias else (0, 1)
+  got = jax.grad(lambda *a: chunked(*a)[0], argnums)(x, table, bias_v)
+  want = jax.grad(lambda *a: _whole_logits(*a, targets, weights)[0] / count, argnums)(
+      x, table, bias_v)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5 * np.abs(w).max())
+
+
+def test_output_layer_loss_in_bfloat16_within_the_bfloat16_tolerance():
+  x, table, _, targets, weights = _output_layer_case(rows=(4, 32), dtype=jnp.bfloat16, bias=False)
+  got = jax.grad(lambda x, t: lm.output_layer_loss(x, t, None, targets, weights, 37 * 16)[0],
+                 (0, 1))(x, table)
+  want = jax.grad(lambda x, t: _whole_logits(x, t, None, targets, weights)[0], (0, 1))(x, table)
+  assert got[0].dtype == jnp.bfloat16 and got[1].dtype == jnp.float32
+  for g, w in zip(got, want):
+    w = np.asarray(w, np.float32)
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=1e-2 * np.abs(w).max())
+
+
+def test_output_layer_accuracy_counts_ties_as_argmax_does():
+  table = jnp.asarray(np.random.default_rng(1).integers(0, 2, (37, 16)), jnp.float32)
+  x = jnp.ones((4, 6, 16))  # many words tie for the top logit
+  targets = jnp.asarray(np.random.default_rng(2).integers(0, 37, (4, 6)), jnp.int32)
+  targets = targets.at[0].set(int((x[0, 0] @ table.T).argmax()))  # the first of the top ones
+  _, _, right = lm.output_layer_loss(x, table, None, targets, jnp.ones((4, 6)), 37 * 5)
+  np.testing.assert_array_equal(np.asarray(right),
+                                np.asarray((x @ table.T).argmax(-1) == targets, np.float32))
+  assert np.asarray(right)[0].all() and not np.asarray(right).all()
+
+
+def test_output_layer_per_token_outputs_refuse_a_gradient():
+  x, table, bias_v, targets, weights = _output_layer_case()
+  with pytest.raises(ValueError, match='only its first output'):
+    jax.grad(lambda x: lm.output_layer_loss(x, table, bias_v, targets, weights)[1].sum())(x)
+
+
+def test_rows_of_weight_zero_get_no_gradient_even_when_not_finite():
+  x, table, bias_v, targets, weights = _output_layer_case()
+  x = x.at[0, 1].set(jnp.nan).at[1, 2].set(jnp.inf)
+  weights = weights.at[0, 1].set(0.0).at[1, 2].set(0.0)
+  grads = jax.grad(lambda x, t, b: lm.output_layer_loss(x, t, b, targets, weights, 37 * 4)[0],
+                   (0, 1, 2))(x, table, bias_v)
+  assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+  np.testing.assert_array_equal(np.asarray(grads[0][0, 1]), 0.0)
+
+
+def test_the_compiled_gradient_never_holds_the_whole_logits():
+  """No array of the step is as large as the (X, V) logits: 4,096 rows x 1,000 words in 8
+  chunks, forward and backward."""
+  rows, vocab, width = 4096, 1000, 64
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+  step = jax.jit(jax.grad(lambda x, t, targets, w: lm.output_layer_loss(
+      x, t, None, targets, w, rows * vocab // 8)[0], (0, 1)))
+  text = step.lower(spec(8, rows // 8, width), spec(vocab, width),
+                    jax.ShapeDtypeStruct((8, rows // 8), jnp.int32), spec(8, rows // 8)
+                    ).compile().as_text()
+  sizes = [math.prod(int(d) for d in dims.split(',') if d)
+           for dims in re.findall(r'\b(?:f32|bf16)\[([\d,]*)\]', text)]
+  assert max(sizes) < rows * vocab // 4
+  assert lm.output_layer_chunks(rows, vocab, rows * vocab // 8) == 8

@@ -151,6 +151,7 @@ class Kernel:
   flops: float  # matmul and attention: the dots' FLOPs; vector: one per element of each op
   bytes: float  # read and written, as hlo_bytes counts them
   times: int  # runs per step: a loop body's as many as its trips
+  op_name: str = ''  # the jax operation that made it (the HLO metadata's op_name)
 
 
 # Ops in a fused computation that compute nothing per element (they move or name data).
@@ -258,7 +259,9 @@ def hlo_kernels(hlo_text: str) -> list[Kernel]:
       kind, flops = 'matmul', _dot_flops(shape, arguments, shapes.get(operand_names[0], ''))
     elif opcode.removesuffix('-start') in COLLECTIVES:
       kind = 'collective'
-    kernels.append(Kernel(name, kind, flops, written + sum(operands), times))
+    op_name = re.search(r'op_name="([^"]*)"', arguments)
+    kernels.append(Kernel(name, kind, flops, written + sum(operands), times,
+                          op_name.group(1) if op_name else ''))
   return kernels
 
 
