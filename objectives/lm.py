@@ -163,6 +163,15 @@ def _column_sum(g_RV: Array) -> Array:
       g_RV, cpu=lambda g: jnp.ones(g.shape[:1], g.dtype) @ g, default=lambda g: g.sum(axis=0))
 
 
+def _over_chunks(chunk, carry, xs):
+  """jax.lax.scan(chunk, carry, xs), without the loop where there is one chunk (smaller
+  programs: the models' small configs and the tests compile faster)."""
+  if jax.tree.leaves(xs)[0].shape[0] > 1:
+    return jax.lax.scan(chunk, carry, xs)
+  carry, ys = chunk(carry, jax.tree.map(lambda a: a[0], xs))
+  return carry, jax.tree.map(lambda a: a[None], ys)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _output_layer_loss(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR):
   table_VD = table_VD.astype(x_CRD.dtype)
@@ -173,7 +182,7 @@ def _output_layer_loss(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR):
                                        _target_logits(x_RD, table_VD, bias_V, targets_R), targets_R)
     return None, (jnp.where(weights_R != 0, nll_R * weights_R, 0.0).sum(), nll_R, correct_R)
 
-  _, (loss_C, nll_CR, correct_CR) = jax.lax.scan(chunk, None, (x_CRD, targets_CR, weights_CR))
+  _, (loss_C, nll_CR, correct_CR) = _over_chunks(chunk, None, (x_CRD, targets_CR, weights_CR))
   return loss_C.sum(), nll_CR, correct_CR
 
 
@@ -204,7 +213,7 @@ def _output_layer_forward(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR
 
   zeros = (jnp.zeros(table_VD.shape, jnp.float32),
            None if bias_V is None else jnp.zeros(bias_V.shape, jnp.float32))
-  (dtable_VD, dbias_V), (loss_C, nll_CR, correct_CR, dx_CRD) = jax.lax.scan(
+  (dtable_VD, dbias_V), (loss_C, nll_CR, correct_CR, dx_CRD) = _over_chunks(
       chunk, zeros, (x_CRD, targets_CR, weights_CR))
   grads = (dx_CRD, dtable_VD.astype(table_dtype),
            None if bias_V is None else dbias_V.astype(bias_V.dtype))
