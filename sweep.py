@@ -55,6 +55,7 @@ from absl import flags
 from trainer import cli
 from trainer import slices
 from trainer import slurm
+from trainer import stop as stop_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')
@@ -286,7 +287,8 @@ def run_all(runs: list[Run], workdir: str,
             cut: list[slices.Slice] | None = None) -> list[Run]:
   """Runs what is not finished, each on a free slice of `cut` (None: one at a time, on the
   whole machine); a run starts as soon as the run it starts from has finished. Returns the
-  runs that failed, and the runs that start from them (not run).
+  runs that failed or stopped unfinished (train.py's exit status 75 for a signal that was not
+  the sweep's), and the runs that start from them (not run).
 
   SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
   a checkpoint before the sweep stops."""
@@ -334,7 +336,11 @@ def run_all(runs: list[Run], workdir: str,
     if stopping:
       stopped.append(run.workdir)
       return
-    if code != 0 or not finished(run):
+    if code == stop_lib.RESUME_EXIT_STATUS:  # a signal that was not the sweep's own
+      print(f'{title}: STOPPED before its last step (exit {code}){on}: the same sweep command '
+            'resumes it; the runs that start from it wait for that.', flush=True)
+      failed.append(run)
+    elif code != 0 or not finished(run):
       print(f'{title}: FAILED (exit {code}){on}: {_last_line(path)}', flush=True)
       failed.append(run)
     else:
@@ -467,7 +473,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def summarize(workdir: str) -> list[dict]:
-  """The table (results.md, results.csv) and plots of the finished runs; returns the rows."""
+  """The table (results.md, results.csv) and plots of the finished runs (a run counts when it
+  and every run it started from reached train.num_steps); returns the rows."""
   path = os.path.join(workdir, SWEEP_FILE)
   if not os.path.exists(path):
     raise ValueError(f'{workdir} holds no {SWEEP_FILE}: pass the --workdir of a sweep.py run.')
@@ -477,15 +484,17 @@ def summarize(workdir: str) -> list[dict]:
   metrics = sweep['metrics']
   rows, curves = [], {}
   for label in dict.fromkeys(label for label, _, _ in expanded):
-    last_runs = [runs[-1] for l, _, runs in expanded if l == label]
-    row = {'variant': label, 'runs': f'{0}/{len(last_runs)}'}
+    chains = [runs for l, _, runs in expanded if l == label]
+    row = {'variant': label, 'runs': f'{0}/{len(chains)}'}
     finals = {m: [] for m in metrics}
     bests = {m: [] for m in metrics}
     done = 0
-    for run in last_runs:
-      lines, results = read_metrics(run.workdir)
-      if results is None or not finished(run):
+    for chain in chains:
+      # A fine-tuning of a pretraining stopped part of the way is no result of this variant.
+      if not all(map(finished, chain)):
         continue
+      run = chain[-1]
+      lines, results = read_metrics(run.workdir)
       done += 1
       curves.setdefault(label, []).append(lines)
       for m in metrics:
@@ -496,7 +505,7 @@ def summarize(workdir: str) -> list[dict]:
         finals[m].append(results[m])
         seen = [line[m] for line in lines if m in line] or [results[m]]
         bests[m].append(min(seen) if lower_is_better(m) else max(seen))
-    row['runs'] = f'{done}/{len(last_runs)}'
+    row['runs'] = f'{done}/{len(chains)}'
     for m in metrics:
       row[f'{m} final'] = _mean_std(finals[m])
       row[f'{m} best'] = _mean_std(bests[m])
@@ -629,14 +638,15 @@ def main(argv):
       failed = run_all(runs, FLAGS.workdir, cut)
     summarize(FLAGS.workdir)
   except Interrupted as e:
-    sys.exit(f'sweep.py: {e}')
+    print(f'sweep.py: {e}', file=sys.stderr)
+    sys.exit(stop_lib.RESUME_EXIT_STATUS)  # unfinished, as train.py's own stop
   except ValueError as e:
     sys.exit(f'sweep.py: error: {e}')
   with open(os.path.join(FLAGS.workdir, 'results.md'), encoding='utf-8') as f:
     print(f.read(), end='')
   print(f'Wrote results.md, results.csv and plots to {FLAGS.workdir}.')
   if failed:
-    sys.exit(f'sweep.py: {len(failed)} run(s) failed: ' +
+    sys.exit(f'sweep.py: {len(failed)} run(s) failed or stopped: ' +
              ', '.join(r.workdir for r in failed) + f' (logs in {FLAGS.workdir}/logs).')
 
 if __name__ == '__main__':

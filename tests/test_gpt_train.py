@@ -48,6 +48,7 @@ from configs import gpt_finetune
 import trainer.loop
 config = gpt_finetune.get_config('offline_shuffled,tiny')
 config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
+config.allow_unfinished_init_from = True  # the pretraining's first 200 steps, on purpose
 # The corpus's sentences are short: 48 tokens keep almost all of them whole.
 config.data.update(max_examples=4000, max_seq_length=48)
 config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)

@@ -26,8 +26,9 @@ def get_sweep(arg=''):
       seeds=(0,), metrics=('eval_loss',))
 '''
 
-# Stands in for train.py: sleeps log_every / 10 seconds (13: fails), notes when it ran and what
-# its slice gave it, then writes what sweep.finished() reads. SIGTERM: notes it and exits.
+# Stands in for train.py: sleeps log_every / 10 seconds (13: fails; 75: stops unfinished, as
+# train.py on a signal the sweep did not send), notes when it ran and what its slice gave it,
+# then writes what sweep.finished() reads. SIGTERM: notes it and exits 75, as train.py does.
 FAKE_TRAIN = r'''
 import json, os, signal, sys, time
 args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
@@ -38,13 +39,15 @@ def note(**kw):
     f.write(json.dumps(kw) + '\n')
 def stop(signum, frame):
   note(signal='SIGTERM', time=time.time())
-  sys.exit(0)
+  sys.exit(75)
 signal.signal(signal.SIGTERM, stop)
 note(start=time.time(), cuda=os.environ.get('CUDA_VISIBLE_DEVICES'),
      cores=sorted(os.sched_getaffinity(0)), init_from=args.get('config.init_from'))
 every = int(args.get('config.train.log_every', '1'))
 if every == 13:
   sys.exit('train.py: error: broken on purpose')
+if every == 75:
+  sys.exit(75)
 time.sleep(every / 10)
 steps = int(args.get('config.train.num_steps', '1'))
 with open(os.path.join(workdir, 'config.json'), 'w') as f:
@@ -177,6 +180,20 @@ def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its
   assert 'finetune log_every=13,seed=0: skipped, its' in out
   assert 'FAILED (exit 1) (on slice' in out and 'broken on purpose' in out
   assert all(sweep.finished(r) for r in runs if r not in failed)
+
+
+def test_a_run_stopped_unfinished_is_no_success_and_its_fine_tuning_waits(
+    fake_runs, tmp_path, capsys):
+  runs = fake_runs(slow=75, quick=1)  # the 'slow' pretraining exits 75 at once
+  failed = sweep.run_all(runs, str(tmp_path / 'w'))
+  out = capsys.readouterr().out
+  assert sorted(f'{r.stage}/{os.path.basename(r.workdir)}' for r in failed) == [
+      'finetune/log_every=13,seed=0', 'finetune/log_every=75,seed=0',
+      'pretrain/log_every=13,seed=0', 'pretrain/log_every=75,seed=0']
+  assert ('pretrain log_every=75,seed=0: STOPPED before its last step (exit 75): the same sweep '
+          'command resumes it; the runs that start from it wait for that.') in out
+  assert 'finetune log_every=75,seed=0: skipped, its' in out
+  assert not os.path.exists(os.path.join(runs[3].workdir, 'fake.jsonl'))  # never started
 
 
 def test_cpu_slices_pin_their_cores(fake_runs, tmp_path):
