@@ -28,7 +28,8 @@ unfinished one resumes from its checkpoint: after an interruption the same comma
 Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
 of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
 starts from has finished; --slurm writes (and submits) one SLURM job per run instead
-(trainer/slurm.py).
+(trainer/slurm.py), each requeueing itself after a time limit or preemption until its run has
+finished. A run counts in the table when it and every run it started from have finished.
 The summary writes WORKDIR/results.md and results.csv (mean +- sample std over seeds of each
 metric's final and best value), learning_curves.png and final_<metric>.png.
 """
@@ -65,12 +66,7 @@ flags.DEFINE_bool('summarize', False, 'Only write the table and plots from the r
 flags.DEFINE_enum('slurm', None, ['scripts', 'submit'], 'Instead of running here, write one '
                   'SLURM sbatch script per run under WORKDIR/slurm (scripts), and submit them '
                   'with their dependencies (submit).')
-flags.DEFINE_integer('gpus_per_run', None, 'With --slurm: the GPUs each run asks for (default: '
-                     'the devices its config.mesh fixes, at least 1; 0: CPU-only jobs).')
-flags.DEFINE_integer('gpus_per_node', 8, 'With --slurm: the GPUs of a node; a run with more '
-                     'spans several nodes, one train.py on each.')
-flags.DEFINE_multi_string('slurm_option', [], 'With --slurm: an sbatch option for every job, as '
-                          'sbatch spells it, e.g. --slurm_option=--partition=gpu.')
+slurm.define_flags()  # --gpus_per_run, --gpus_per_node, --slurm_option, --max_requeues
 flags.DEFINE_integer('parallel', 0, 'Run up to N runs at once, each on its own 1/N of the '
                      "machine's GPUs, TPU chips or CPU cores (0: one at a time, each on all).")
 
@@ -396,12 +392,13 @@ def log_path(run: Run, workdir: str) -> str:
 
 
 def slurm_resources(runs: list[Run], gpus: int | None, gpus_per_node: int,
-                    options: tuple[str, ...] = ()) -> slurm.Resources:
+                    options: tuple[str, ...] = (),
+                    max_requeues: int = slurm.MAX_REQUEUES) -> slurm.Resources:
   """What each job asks for: `gpus` (None: the devices the runs' meshes fix, at least 1);
   one line naming the fix if a run's mesh cannot be laid out on them."""
   if gpus is None:
     gpus = max(max(1, _fixed_devices(run_mesh(run))) for run in runs)
-  resources = slurm.Resources(gpus, gpus_per_node, tuple(options))
+  resources = slurm.Resources(gpus, gpus_per_node, tuple(options), max_requeues)
   resources.check()
   devices = gpus or slices.cpu_device_count()
   for run in runs:
@@ -626,7 +623,7 @@ def main(argv):
                          'GPUs).')
       if FLAGS.slurm:
         resources = slurm_resources(runs, FLAGS.gpus_per_run, FLAGS.gpus_per_node,
-                                    tuple(FLAGS.slurm_option))
+                                    tuple(FLAGS.slurm_option), FLAGS.max_requeues)
         to_slurm(runs, FLAGS.workdir, resources, submit=FLAGS.slurm == 'submit')
         return
       cut = None

@@ -271,7 +271,10 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
                  '--signal=TERM@120', '--open-mode=append', '--kill-on-invalid-dep=yes'):
       assert f'#SBATCH {line}\n' in text
     assert f'\ncd {shlex.quote(str(tmp_path))}\n' in text
-    assert text.endswith(f'exec srun --kill-on-bad-exit=1 {shlex.join(run.argv())}\n')
+    assert f'\nsrun --kill-on-bad-exit=0 --wait=120 {shlex.join(run.argv())}\n' in text
+    assert text == slurm.script(f'{run.stage}__{os.path.basename(run.workdir)}', run.argv(),
+                                os.path.abspath(sweep.log_path(run, workdir)), str(tmp_path),
+                                slurm.Resources(16, 8, ('--time=1:00:00',)))
   submit = os.path.join(workdir, 'slurm', 'submit.sh')
   subprocess.run(['bash', '-n', submit], check=True)  # it parses
 
@@ -296,7 +299,7 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
   assert calls[-1].split()[2] == '--dependency=afterany:' + ':'.join(
       c.split()[0] for c in calls[:-1])
   summary = open(os.path.join(workdir, 'slurm', 'summarize.sbatch')).read()
-  assert summary.rstrip().endswith(f'--summarize --workdir={workdir}')
+  assert f' --summarize --workdir={workdir}\n' in summary
 
   # --slurm=submit from Python: a finished run is not submitted, its fine-tuning has no wait.
   os.remove(tmp_path / 'sbatch.log')
@@ -314,6 +317,61 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
   downstream = next(c for c in calls if c.endswith(scripts[3]))
   assert runs[3].init_from == done.workdir and '--dependency' not in downstream
   assert re.search(r'\[5/6\] finetune log_every=2,seed=0: job \d+, after job \d+', out)
+
+
+# Stand in for srun (exits with $STATUS) and scontrol (notes its arguments).
+FAKE_SRUN = '#!/bin/bash\nexit "$STATUS"\n'
+FAKE_SCONTROL = '#!/bin/bash\necho "$*" >> "$SCONTROL_LOG"\n'
+
+
+@pytest.mark.parametrize('status,restarts,requeued,exit_status', [
+    (75, 0, True, 0),  # train.py stopped unfinished (a time limit, a preemption)
+    (143, 1, True, 0),  # SIGTERM before train.py had set its handler
+    (75, 2, False, 75),  # --max_requeues=2 reached
+    (1, 0, False, 1),  # an error
+    (0, 0, False, 0)])  # finished
+def test_a_job_requeues_itself_only_when_its_run_stopped_unfinished(
+    tmp_path, status, restarts, requeued, exit_status):
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  path = tmp_path / 'job.sbatch'
+  path.write_text(slurm.script('lm', ['python', 'train.py', '--workdir=runs/lm'], 'lm.log',
+                               str(tmp_path), slurm.Resources(0, 8, max_requeues=2)))
+  env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}', STATUS=str(status),
+             SLURM_JOB_ID='7', SLURM_RESTART_COUNT=str(restarts),
+             SCONTROL_LOG=str(tmp_path / 'scontrol.log'))
+  done = subprocess.run(['bash', str(path)], env=env, capture_output=True, text=True, check=False)
+  assert done.returncode == exit_status, done.stdout + done.stderr
+  log = tmp_path / 'scontrol.log'
+  assert (log.read_text() if log.exists() else '') == ('requeue 7\n' if requeued else '')
+  if requeued:
+    assert done.stdout == (f'sbatch script: stopped unfinished (exit {status}); requeueing job 7 '
+                           f'(requeue {restarts + 1} of at most 2) to resume from its '
+                           'checkpoint.\n')
+  elif status == 75:
+    assert done.stdout == ('sbatch script: stopped unfinished (exit 75) after 2 requeues '
+                           '(--max_requeues): not requeued again; submit this script again to '
+                           'go on.\n')
+
+
+def test_one_runs_script_is_printed_by_the_same_code_and_shown_in_the_docs():
+  """python -m trainer.slurm prints slurm.script's text for one train.py command; docs/sweeps.md
+  shows it for one node and for two (with this directory as /home/you/lm_lineage)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  docs = open(os.path.join(root, 'docs', 'sweeps.md'), encoding='utf-8').read()
+  command = ['python', 'train.py', '--config=configs/bert_base.py', '--workdir=runs/bert']
+  for gpus, options in ((8, ['--time=24:00:00']), (16, ['--time=24:00:00', '--partition=gpu'])):
+    printed = subprocess.run(
+        [sys.executable, '-m', 'trainer.slurm', f'--gpus_per_run={gpus}'] +
+        [f'--slurm_option={o}' for o in options] + ['--'] + command,
+        cwd=root, capture_output=True, text=True, check=True).stdout
+    assert printed == slurm.script('bert', command, os.path.join(root, 'bert.slurm.log'), root,
+                                   slurm.Resources(gpus, 8, tuple(options)))
+    shown = printed.replace(root, '/home/you/lm_lineage')
+    assert '\n'.join('    ' + line for line in shown.splitlines()) in docs, shown
 
 
 def test_sbatch_refusing_a_job_is_one_line(tmp_path, monkeypatch):
