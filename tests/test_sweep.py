@@ -13,6 +13,7 @@ import time
 import pytest
 
 import sweep
+from trainer import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -179,7 +180,7 @@ def _sweep(*args):
 
 
 def _results(workdir):
-  lines, results = sweep.read_metrics(workdir)
+  lines, results = runner.read_metrics(workdir)
   return lines, results
 
 
@@ -202,7 +203,7 @@ def test_a_sweep_runs_resumes_after_an_interruption_and_prints_its_commands(
   output = process.communicate(timeout=300)[0]
   assert process.returncode != 0, output
   assert 'the same sweep command goes on from there' in output, output
-  assert sweep.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
+  assert runner.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
   stopped_at = [json.loads(line)['step'] for line in open('runs/lm/seed=1/metrics.jsonl')]
   assert 10 <= max(stopped_at) < 120
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import sweep
+from trainer import runner
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def _finals(workdir):
   finals = {}
   for _, _, runs in record['runs']:
     for run in runs:
-      lines, results = sweep.read_metrics(run['workdir'])
+      lines, results = runner.read_metrics(run['workdir'])
       evals = [line for line in lines if any(k.startswith('eval_') for k in line)]
       name = os.path.relpath(run['workdir'], workdir)
       finals[name] = ({k: v for k, v in evals[-1].items() if k != 'time'}, results) if evals \
