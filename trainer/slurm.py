@@ -19,7 +19,7 @@ cancels the jobs that wait on it. A job requeued `max_requeues` times already
 (SLURM_RESTART_COUNT) fails instead, so that a run that makes no progress
 between limits stops.
 
-`python -m trainer.slurm [--gpus=N ...] -- python train.py ...` prints the
+`python -m trainer.slurm [--gpus_per_run=N ...] -- python train.py ...` prints the
 same script for one train.py run (docs/sweeps.md).
 
 WORKDIR/slurm/submit.sh submits the scripts with their dependencies from a
@@ -104,8 +104,8 @@ def script(name: str, argv: list[str], log_path: str, directory: str,
       '# before the time limit; a preemption) makes it save a checkpoint and exit 75: then this',
       '# job requeues itself, keeping its id, so that the jobs after it keep waiting. Any other',
       '# failure ends the job. Each host\'s exit status reaches srun\'s (no --kill-on-bad-exit,',
-      '# which would kill the hosts still saving): the other hosts follow an error on one within',
-      '# --wait seconds.',
+      '# which would kill the hosts still saving); hosts that an error on one leaves waiting in',
+      '# a collective are ended 120 s after it (--wait).',
       'trap \'echo "sbatch script: SIGTERM; waiting for the command to stop"\' TERM',
       f'cd {shlex.quote(directory)}',
       f'srun --kill-on-bad-exit=0 --wait=120 {shlex.join(argv)}',
