@@ -217,6 +217,9 @@ def our_config(family: str, ref: dict, source: str, lower_case: bool):
     config.model.mlp_dim = 4 * config.model.hidden_size  # fixed in openai-gpt
     config.model.vocab_size += len(tokenizer_lib.BPE_SPECIAL_TOKENS)
   config.model.scan_layers = False
+  # The checkpoint is the whole of this workdir's training, step 0 of 0: a finished run that
+  # config.init_from accepts (trainer/checks.py).
+  config.train.num_steps = 0
   config.data.vocab_file = ''
   config.data.lower_case = lower_case
   config.data.max_seq_length = min(config.data.max_seq_length, config.model.max_position_embeddings)

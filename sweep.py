@@ -27,15 +27,16 @@ Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the comman
 unfinished one resumes from its checkpoint: after an interruption the same command goes on.
 Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
 of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
-starts from has finished; --slurm writes (and submits) one SLURM job per run instead
-(trainer/slurm.py).
+starts from has finished (trainer/runner.py); --slurm writes (and submits) one SLURM job per
+run instead (trainer/slurm.py), each requeueing itself after a time limit or preemption until
+its run has finished. A run counts in the table when it and every run it started from have
+finished.
 The summary writes WORKDIR/results.md and results.csv (mean +- sample std over seeds of each
 metric's final and best value), learning_curves.png and final_<metric>.png.
 """
 
 import csv
 import dataclasses
-import functools
 import hashlib
 import importlib.util
 import itertools
@@ -44,17 +45,16 @@ import math
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
 
 from trainer import cli
+from trainer import runner
 from trainer import slices
 from trainer import slurm
+from trainer import stop as stop_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('sweep', None, 'Sweep file: configs/sweeps/<name>.py[:arg].')
@@ -64,12 +64,7 @@ flags.DEFINE_bool('summarize', False, 'Only write the table and plots from the r
 flags.DEFINE_enum('slurm', None, ['scripts', 'submit'], 'Instead of running here, write one '
                   'SLURM sbatch script per run under WORKDIR/slurm (scripts), and submit them '
                   'with their dependencies (submit).')
-flags.DEFINE_integer('gpus_per_run', None, 'With --slurm: the GPUs each run asks for (default: '
-                     'the devices its config.mesh fixes, at least 1; 0: CPU-only jobs).')
-flags.DEFINE_integer('gpus_per_node', 8, 'With --slurm: the GPUs of a node; a run with more '
-                     'spans several nodes, one train.py on each.')
-flags.DEFINE_multi_string('slurm_option', [], 'With --slurm: an sbatch option for every job, as '
-                          'sbatch spells it, e.g. --slurm_option=--partition=gpu.')
+slurm.define_flags()  # --gpus_per_run, --gpus_per_node, --slurm_option, --max_requeues
 flags.DEFINE_integer('parallel', 0, 'Run up to N runs at once, each on its own 1/N of the '
                      "machine's GPUs, TPU chips or CPU cores (0: one at a time, each on all).")
 
@@ -221,235 +216,6 @@ def unique_runs(expanded) -> list[Run]:
   return order
 
 
-# ---------------------------------------------------------------- running
-
-
-def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
-  """The run's logged lines (a step logged again after a resume keeps its last line) and
-  its results, if the run finished."""
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return [], None
-  by_key, results = {}, None
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      if not line.strip():
-        continue
-      record = json.loads(line)
-      if 'results' in record:
-        results = dict(record['results'], step=record['step'])
-        continue
-      kind = 'eval' if any(k.startswith('eval_') for k in record) else 'train'
-      by_key[(kind, record['step'])] = record
-  return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))], results
-
-
-def finished(run: Run) -> bool:
-  """Its results line is at the config's train.num_steps."""
-  _, results = read_metrics(run.workdir)
-  config_path = os.path.join(run.workdir, 'config.json')
-  if results is None or not os.path.exists(config_path):
-    return False
-  with open(config_path, encoding='utf-8') as f:
-    return results['step'] == json.load(f)['train']['num_steps']
-
-
-class Interrupted(Exception):
-  pass
-
-
-def run_mesh(run: Run):
-  """config.mesh of the run: its override, else its config file's."""
-  overrides = dict(run.overrides)
-  if 'mesh' in overrides:
-    return overrides['mesh']
-  path, _, variant = run.config.partition(':')
-  return _config(path, variant).mesh
-
-
-@functools.lru_cache(maxsize=None)
-def _config(path: str, variant: str):
-  return cli.config_from_file(os.path.join(ROOT, path), variant)
-
-
-def check_slices(runs: list[Run], cut: list[slices.Slice]) -> None:
-  """One line naming the fix if a run's mesh does not fit a slice's devices."""
-  for run in runs:
-    reason = slices.mesh_refusal(run_mesh(run), cut[0].num_devices)
-    if reason:
-      raise ValueError(f'--parallel={len(cut)}: {run.stage} {os.path.basename(run.workdir)}: '
-                       f'{reason}, and a slice has {cut[0].num_devices}: pass a smaller '
-                       '--parallel, or change the mesh.')
-
-
-def run_all(runs: list[Run], workdir: str,
-            cut: list[slices.Slice] | None = None) -> list[Run]:
-  """Runs what is not finished, each on a free slice of `cut` (None: one at a time, on the
-  whole machine); a run starts as soon as the run it starts from has finished. Returns the
-  runs that failed, and the runs that start from them (not run).
-
-  SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
-  a checkpoint before the sweep stops."""
-  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
-  free = list(cut) if cut else [None]
-  waiting = list(enumerate(runs, 1))
-  running = {}  # Popen -> (run, its slice, head, log path)
-  failed, stopping, stopped = [], [], []
-
-  def stop(signum, frame):
-    del signum, frame
-    stopping.append(True)
-    for child in running:
-      if child.poll() is None:
-        child.send_signal(signal.SIGTERM)
-
-  def head(index, run):
-    return f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
-
-  def start(index, run, where):
-    path = log_path(run, workdir)
-    on = f' on {where.describe()}' if where else ''
-    print(f'{head(index, run)}: running{on}; log {path}\n  {shlex.join(run.argv())}',
-          flush=True)
-    with open(path, 'a', encoding='utf-8') as log:
-      if where:
-        log.write(f'sweep.py: {run.stage} {os.path.basename(run.workdir)} on '
-                  f'{where.describe()}: {" ".join(f"{k}={v}" for k, v in where.env)}\n')
-        log.flush()
-      # Its own session: a Ctrl-C reaches the sweep only, which passes on a SIGTERM.
-      child = subprocess.Popen(
-          [sys.executable] + run.argv()[1:], stdout=log, stderr=subprocess.STDOUT,
-          start_new_session=True, env=where.environment(os.environ) if where else None,
-          preexec_fn=where.pin if where else None)
-    running[child] = (run, where, head(index, run), path)
-    if stopping:  # the signal came while it started
-      child.send_signal(signal.SIGTERM)
-
-  def finish(child):
-    run, where, title, path = running.pop(child)
-    free.append(where)
-    free.sort(key=lambda s: s.index if s else 0)
-    code = child.returncode
-    on = f' (on {where.describe()})' if where else ''
-    if stopping:
-      stopped.append(run.workdir)
-      return
-    if code != 0 or not finished(run):
-      print(f'{title}: FAILED (exit {code}){on}: {_last_line(path)}', flush=True)
-      failed.append(run)
-    else:
-      _, results = read_metrics(run.workdir)
-      shown = ', '.join(f'{k} {v:.4g}' for k, v in results.items()
-                        if k != 'step' and isinstance(v, (int, float)))
-      print(f'{title}: done{on}: {shown}', flush=True)
-
-  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-  try:
-    while waiting or running:
-      if stopping:
-        if not running:
-          raise Interrupted(f'stopped before {waiting[0][1].workdir}; the same sweep command '
-                            'goes on from there.')
-      else:
-        pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
-        for item in list(waiting):
-          index, run = item
-          if run.init_from in {r.workdir for r in failed}:
-            print(f'{head(index, run)}: skipped, its {run.init_from} failed.', flush=True)
-            failed.append(run)
-            waiting.remove(item)
-          elif run.init_from in pending or not free:
-            continue  # the run it starts from has not finished yet, or no slice is free
-          elif finished(run):
-            print(f'{head(index, run)}: finished before, skipped.', flush=True)
-            waiting.remove(item)
-          else:
-            waiting.remove(item)
-            start(index, run, free.pop(0))
-          pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
-      if not running:
-        continue
-      exited = [child for child in running if child.poll() is not None]
-      if not exited:
-        time.sleep(0.2)
-        continue
-      for child in exited:
-        finish(child)
-      if stopping and not running:
-        raise Interrupted(f'stopped during {", ".join(stopped)}; '
-                          f'{"it" if len(stopped) == 1 else "each"} saved a checkpoint, and the '
-                          'same sweep command goes on from there.')
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-  return failed
-
-
-def log_path(run: Run, workdir: str) -> str:
-  return os.path.join(workdir, 'logs', f'{run.stage}__{os.path.basename(run.workdir)}.log')
-
-
-def slurm_resources(runs: list[Run], gpus: int | None, gpus_per_node: int,
-                    options: tuple[str, ...] = ()) -> slurm.Resources:
-  """What each job asks for: `gpus` (None: the devices the runs' meshes fix, at least 1);
-  one line naming the fix if a run's mesh cannot be laid out on them."""
-  if gpus is None:
-    gpus = max(max(1, _fixed_devices(run_mesh(run))) for run in runs)
-  resources = slurm.Resources(gpus, gpus_per_node, tuple(options))
-  resources.check()
-  devices = gpus or slices.cpu_device_count()
-  for run in runs:
-    reason = slices.mesh_refusal(run_mesh(run), devices)
-    if reason:
-      raise ValueError(f'--gpus_per_run={gpus}: {run.stage} {os.path.basename(run.workdir)}: '
-                       f'{reason}, and a job has {devices}: pass --gpus_per_run to fit it.')
-  return resources
-
-
-def to_slurm(runs: list[Run], workdir: str, resources: slurm.Resources, submit: bool) -> None:
-  """WORKDIR/slurm/: a script per run and submit.sh; with submit, the unfinished runs'
-  jobs submitted, each after the job of the run it starts from."""
-  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
-  name = lambda run: f'{run.stage}__{os.path.basename(run.workdir)}'
-  by_dir = {run.workdir: run for run in runs}
-  jobs = [(name(run), run.argv(), os.path.abspath(log_path(run, workdir)),
-           name(by_dir[run.init_from]) if run.init_from else None) for run in runs]
-  summary = ['python', _relative(os.path.join(ROOT, 'sweep.py')), '--summarize',
-             f'--workdir={workdir}']
-  paths = slurm.write(jobs, summary, workdir, resources)
-  folder = os.path.join(workdir, 'slurm')
-  print(f'Wrote {len(paths)} sbatch scripts ({", ".join(resources.lines())} each) and '
-        f'{slurm.SUBMIT_SCRIPT} to {folder}.', flush=True)
-  if not submit:
-    print(f'Submit them with: bash {os.path.join(folder, slurm.SUBMIT_SCRIPT)}')
-    return
-  ids = {}
-  for index, (run, path) in enumerate(zip(runs, paths), 1):
-    head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
-    if finished(run):
-      print(f'{head}: finished before, not submitted.', flush=True)
-      continue
-    after = [ids[run.init_from]] if run.init_from in ids else []
-    ids[run.workdir] = slurm.sbatch(path, after)
-    print(f'{head}: job {ids[run.workdir]}' + (f', after job {after[0]}' if after else ''),
-          flush=True)
-  if ids:
-    job = slurm.sbatch(os.path.join(folder, slurm.SUMMARY_SCRIPT), list(ids.values()),
-                       'afterany')
-    print(f'summary: job {job}, after every job above; the table will be in '
-          f'{workdir}/results.md.', flush=True)
-
-
-def _fixed_devices(mesh) -> int:
-  return math.prod(int(size) for _, size in mesh if int(size) != -1)
-
-
-def _last_line(path: str) -> str:
-  with open(path, encoding='utf-8', errors='replace') as f:
-    lines = [line.strip() for line in f if line.strip()]
-  return lines[-1] if lines else '(no output)'
-
-
 # ---------------------------------------------------------------- summary
 
 
@@ -467,7 +233,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def summarize(workdir: str) -> list[dict]:
-  """The table (results.md, results.csv) and plots of the finished runs; returns the rows."""
+  """The table (results.md, results.csv) and plots of the finished runs (a run counts when it
+  and every run it started from reached train.num_steps); returns the rows."""
   path = os.path.join(workdir, SWEEP_FILE)
   if not os.path.exists(path):
     raise ValueError(f'{workdir} holds no {SWEEP_FILE}: pass the --workdir of a sweep.py run.')
@@ -477,15 +244,17 @@ def summarize(workdir: str) -> list[dict]:
   metrics = sweep['metrics']
   rows, curves = [], {}
   for label in dict.fromkeys(label for label, _, _ in expanded):
-    last_runs = [runs[-1] for l, _, runs in expanded if l == label]
-    row = {'variant': label, 'runs': f'{0}/{len(last_runs)}'}
+    chains = [runs for l, _, runs in expanded if l == label]
+    row = {'variant': label, 'runs': f'{0}/{len(chains)}'}
     finals = {m: [] for m in metrics}
     bests = {m: [] for m in metrics}
     done = 0
-    for run in last_runs:
-      lines, results = read_metrics(run.workdir)
-      if results is None or not finished(run):
+    for chain in chains:
+      # A fine-tuning of a pretraining stopped part of the way is no result of this variant.
+      if not all(map(runner.finished, chain)):
         continue
+      run = chain[-1]
+      lines, results = runner.read_metrics(run.workdir)
       done += 1
       curves.setdefault(label, []).append(lines)
       for m in metrics:
@@ -496,7 +265,7 @@ def summarize(workdir: str) -> list[dict]:
         finals[m].append(results[m])
         seen = [line[m] for line in lines if m in line] or [results[m]]
         bests[m].append(min(seen) if lower_is_better(m) else max(seen))
-    row['runs'] = f'{done}/{len(last_runs)}'
+    row['runs'] = f'{done}/{len(chains)}'
     for m in metrics:
       row[f'{m} final'] = _mean_std(finals[m])
       row[f'{m} best'] = _mean_std(bests[m])
@@ -616,27 +385,30 @@ def main(argv):
         raise ValueError('--slurm and --parallel: pass one (SLURM places each run on its own '
                          'GPUs).')
       if FLAGS.slurm:
-        resources = slurm_resources(runs, FLAGS.gpus_per_run, FLAGS.gpus_per_node,
-                                    tuple(FLAGS.slurm_option))
-        to_slurm(runs, FLAGS.workdir, resources, submit=FLAGS.slurm == 'submit')
+        resources = runner.slurm_resources(runs, FLAGS.gpus_per_run, FLAGS.gpus_per_node,
+                                           tuple(FLAGS.slurm_option), FLAGS.max_requeues)
+        summary = ['python', _relative(os.path.join(ROOT, 'sweep.py')), '--summarize',
+                   f'--workdir={FLAGS.workdir}']
+        runner.to_slurm(runs, FLAGS.workdir, resources, FLAGS.slurm == 'submit', summary)
         return
       cut = None
       if FLAGS.parallel:
         cut = slices.cut(FLAGS.parallel)
-        check_slices(runs, cut)
+        runner.check_slices(runs, cut)
         print(f'{len(runs)} runs, up to {len(cut)} at once: ' +
               ', '.join(s.describe() for s in cut) + '.', flush=True)
-      failed = run_all(runs, FLAGS.workdir, cut)
+      failed = runner.run_all(runs, FLAGS.workdir, cut)
     summarize(FLAGS.workdir)
-  except Interrupted as e:
-    sys.exit(f'sweep.py: {e}')
+  except runner.Interrupted as e:
+    print(f'sweep.py: {e}', file=sys.stderr)
+    sys.exit(stop_lib.RESUME_EXIT_STATUS)  # unfinished, as train.py's own stop
   except ValueError as e:
     sys.exit(f'sweep.py: error: {e}')
   with open(os.path.join(FLAGS.workdir, 'results.md'), encoding='utf-8') as f:
     print(f.read(), end='')
   print(f'Wrote results.md, results.csv and plots to {FLAGS.workdir}.')
   if failed:
-    sys.exit(f'sweep.py: {len(failed)} run(s) failed: ' +
+    sys.exit(f'sweep.py: {len(failed)} run(s) failed or stopped: ' +
              ', '.join(r.workdir for r in failed) + f' (logs in {FLAGS.workdir}/logs).')
 
 if __name__ == '__main__':

@@ -18,8 +18,12 @@ What a run does, and where (trainer/ unless named otherwise):
   5. checkpoints.py   the newest checkpoint that restores, with the data position
   6. loop.py          the steps, phase by phase (phases.py: BERT's 128 then 512
                       tokens); logs (metric_writer.py), evals (evaluation.py)
-                      and checkpoints on the way; SIGTERM and Ctrl-C save, then exit 0
-                      (a second Ctrl-C stops at once, keeping the newest complete checkpoint)
+                      and checkpoints on the way; SIGTERM and Ctrl-C save, then stop
+
+Exit status: 0 the run reached train.num_steps; 75 (stop.RESUME_EXIT_STATUS) a signal
+(SIGTERM: a preemption or a time limit; Ctrl-C) stopped it before, after saving, and the same
+command resumes it (trainer/slurm.py's job scripts requeue on it); 130 a second Ctrl-C stopped
+it at once (the newest complete checkpoint stays); 1 an error, said in one line.
 """
 
 import os
@@ -39,6 +43,7 @@ from trainer import host_memory
 from trainer import loop
 from trainer import sharding
 from trainer import steps
+from trainer import stop
 
 
 def main(argv):
@@ -59,7 +64,7 @@ def main(argv):
     sys.exit(f'train.py: error: --workdir={workdir} is a file: pass a directory, new or a '
              'run\'s.')
   try:
-    loop.train_and_evaluate(config, workdir)
+    state = loop.train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'train.py: error: {e}')
   except (FloatingPointError, checkpoints.WriteError, workers.WorkersDied) as e:
@@ -70,6 +75,7 @@ def main(argv):
             'resumes from it' if newest is not None else 'no checkpoint was written yet')
     print(f'train.py: stopped at once by Ctrl-C: {kept}.', file=sys.stderr, flush=True)
     sys.exit(128 + signal.SIGINT)
+  sys.exit(stop.exit_status(int(state.step), config.train.num_steps))
 
 
 if __name__ == '__main__':

@@ -62,6 +62,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   task = _task(task_name)
   config = bert_base.get_config(size or 'base')
   config.init_from = ''  # workdir of a BERT run (pretrained or converted); empty trains from scratch
+  # A start from a run stopped before its train.num_steps is refused unless this is set.
+  config.allow_unfinished_init_from = False
   # Longer sequences than init_from trained (its later_phases) stop the run unless this is set.
   config.allow_untrained_positions = False
 

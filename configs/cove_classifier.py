@@ -62,6 +62,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config.objective = 'gpt_finetune'
   config.seed = 0
   config.init_from = ''  # required: the workdir of a configs/cove.py run of the same size
+  # A start from a run stopped before its train.num_steps is refused unless this is set.
+  config.allow_unfinished_init_from = False
 
   model = config.model = ml_collections.ConfigDict()
   for field, value in COVE[size].items():

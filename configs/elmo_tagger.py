@@ -48,6 +48,8 @@ def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:
   config.objective = 'tagging'
   config.seed = 0
   config.init_from = ''  # workdir of an ELMo pretraining run (configs/elmo.py, same size)
+  # A start from a run stopped before its train.num_steps is refused unless this is set.
+  config.allow_unfinished_init_from = False
 
   config.model = elmo.model_config(v)  # the biLM's fields, checked against init_from's
   config.model.num_labels = spec.num_labels

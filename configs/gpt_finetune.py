@@ -49,6 +49,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   config.objective = 'gpt_finetune'
   config.seed = 0
   config.init_from = ''  # workdir of a GPT pretraining run; empty trains from scratch
+  # A start from a run stopped before its train.num_steps is refused unless this is set.
+  config.allow_unfinished_init_from = False
   # Longer sequences than init_from trained stop the run unless this is set.
   config.allow_untrained_positions = False
 

@@ -61,6 +61,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     module.check_config(config)
 
 
+def check_source(data_cfg: ml_collections.ConfigDict) -> None:
+  """A TFDS dataset name that TFDS does not know, in one line before anything is read (TFDS is
+  imported for a TFDS source only)."""
+  if 'tfds' in (data_cfg.get('source'), data_cfg.get('pairs')):
+    sources.tfds_builder(data_cfg)
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
   """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one.

@@ -116,7 +116,7 @@ def _file_pairs(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[Pai
 
 def _tfds_pairs(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[Pair]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder(data_cfg.tfds_name, data_dir=data_cfg.tfds_data_dir or None)
+  builder = sources.tfds_builder(data_cfg)
   languages = (data_cfg.source_language, data_cfg.target_language)
   for language in languages:
     if language not in builder.info.features:

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 import test_train  # pylint: disable=g-import-not-at-top
 import trainer.loop  # pylint: disable=g-import-not-at-top
+import trainer.stop  # pylint: disable=g-import-not-at-top
 
 config = test_train.micro_config(data_dir, num_steps=4, checkpoint_every=2, log_every=1)
 config.data.update(source='files', files=files, docs_per_chunk=4, eval_holdout=10)
@@ -35,5 +36,6 @@ state = trainer.loop.train_and_evaluate(
     config, workdir, stop_after_steps=int(stop_after) if int(stop_after) else None)
 checksum = sum(float(np.abs(np.asarray(x.addressable_data(0))).sum())
                for x in jax.tree.leaves(state.params))
+status = trainer.stop.exit_status(int(state.step), config.train.num_steps)  # train.py's
 print(f'RESULT process={process_id} step={int(state.step)} devices={jax.device_count()} '
-      f'checksum={checksum:.6f}', flush=True)
+      f'status={status} checksum={checksum:.6f}', flush=True)

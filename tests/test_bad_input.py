@@ -15,6 +15,7 @@ from configs.bert_base import get_config as bert_config
 from trainer import checkpoints
 from trainer import checks
 from trainer import host_memory
+import trainer.loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,7 +216,7 @@ def test_an_init_from_that_is_not_a_finished_run_is_named_as_such(tmp_path):
   assert error(tmp_path / 'empty') == (
       f"config.init_from='{tmp_path / 'empty'}' has no config.json and no complete checkpoint "
       'in checkpoints/, so it is not a finished run: point config.init_from at the workdir of a '
-      'pretraining run (or run that pretraining to its first checkpoint).')
+      'pretraining run (or run that pretraining to its last step).')
   bert_run(tmp_path / 'unsaved', checkpoint=False)
   assert 'has no complete checkpoint in checkpoints/, so' in error(tmp_path / 'unsaved')
   gpt_run = tmp_path / 'gpt'
@@ -224,6 +225,30 @@ def test_an_init_from_that_is_not_a_finished_run_is_named_as_such(tmp_path):
   os.makedirs(gpt_run / 'checkpoints' / '8')
   assert error(gpt_run) == (f"config.init_from='{gpt_run}' is a 'gpt' run and this config "
                             "trains 'bert': start from a 'bert' run.")
-  bert_run(tmp_path / 'bert')
+  finished = bert_config('tiny')
+  finished.train.num_steps = 4
+  bert_run(tmp_path / 'bert', config=finished)
   config.init_from = str(tmp_path / 'bert')
   checks.check_run_directories(config, workdir)
+
+
+def test_an_init_from_stopped_before_its_last_step_is_refused_before_anything_is_built(
+    tmp_path, monkeypatch):
+  """A pretraining preempted at step 4 of its 600 (its config.json and newest checkpoint): one
+  line naming both, before the model is built; allow_unfinished_init_from=True starts from it."""
+  bert_run(tmp_path / 'stopped')
+
+  def build(*args, **kwargs):
+    raise AssertionError('the model was built before the check')
+  monkeypatch.setattr(trainer.loop, 'build', build)
+  config = bert_finetune_config.get_config('offline_shuffled')
+  config.init_from = str(tmp_path / 'stopped')
+  with pytest.raises(ValueError) as refused:
+    trainer.loop.train_and_evaluate(config, str(tmp_path / 'finetune'))
+  assert str(refused.value) == (
+      f"config.init_from='{tmp_path / 'stopped'}' stopped at step 4 of its train.num_steps=600: "
+      'resume it to its last step first (its train.py command again), or set '
+      '--config.allow_unfinished_init_from=True to start from step 4 on purpose.')
+  assert not os.path.exists(tmp_path / 'finetune')
+  config.allow_unfinished_init_from = True
+  checks.check_run_directories(config, str(tmp_path / 'finetune'))

@@ -62,6 +62,7 @@ def bert_run(tmp_path_factory):
   config.model.update(MODEL)
   config.model.dtype = 'float32'
   config.data.max_seq_length, config.data.max_predictions_per_seq = 16, 4
+  config.train.num_steps = 0  # finished at its checkpoint of step 0, as a converted release
   with open(os.path.join(workdir, 'vocab.txt'), 'w', encoding='utf-8') as f:
     f.write('\n'.join(VOCAB) + '\n')
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:

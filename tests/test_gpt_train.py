@@ -48,6 +48,7 @@ from configs import gpt_finetune
 import trainer.loop
 config = gpt_finetune.get_config('offline_shuffled,tiny')
 config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
+config.allow_unfinished_init_from = True  # the pretraining's first 200 steps, on purpose
 # The corpus's sentences are short: 48 tokens keep almost all of them whole.
 config.data.update(max_examples=4000, max_seq_length=48)
 config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)
@@ -83,6 +84,7 @@ def test_tiny_pretraining_loss_falls(pretrained):
 def finetune_config(task, pretrained, data_dir, **overrides):
   config = finetune_configs.get_config(f'{task},tiny')
   config.init_from = pretrained
+  config.allow_unfinished_init_from = True  # the pretraining's first 200 steps, on purpose
   config.data.data_dir = data_dir
   config.update(overrides)
   return config
@@ -127,6 +129,7 @@ def test_init_from_loads_the_pretrained_transformer(pretrained, data_dir, tmp_pa
 def test_init_from_with_another_size_is_one_clear_line(pretrained, data_dir, tmp_path):
   config = finetune_configs.get_config('offline_shuffled,mini')
   config.init_from = pretrained
+  config.allow_unfinished_init_from = True  # the first 200 steps: the sizes are the point here
   config.data.data_dir = data_dir
   with pytest.raises(ValueError, match=r'config.model.vocab_size=16384 but the run in '
                      r'config.init_from has model.vocab_size=4096: pick the size'):

@@ -78,15 +78,16 @@ def test_a_two_host_run_resumes_on_one_host(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_on_one_host_stops_every_host_at_the_same_step(tmp_path):
   """A Ctrl-C that reaches host 1 alone after step 3: the hosts agree at the next logging step
-  (every 2 steps), so both save step 4 and return; resumed, the run ends as a run never
-  stopped."""
+  (every 2 steps), so both save step 4 and return, and both would exit with train.py's "resume
+  me" status; resumed, the run ends as a run never stopped, with status 0."""
   corpus, data_dir = _corpus(tmp_path), str(tmp_path / 'data')
   stopped = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=0, interrupts=(0, 3))
-  assert all('step=4 devices=4' in line for line in stopped), stopped
+  assert all('step=4 devices=4 status=75' in line for line in stopped), stopped
   assert sorted(os.listdir(tmp_path / 'run' / 'checkpoints')) == ['4']
   resumed = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=0, interrupts=(0, 0))
   straight = run_hosts(str(tmp_path / 'straight'), data_dir, corpus, stop_after=0,
                        interrupts=(0, 0))
-  assert all('step=6 devices=4' in line for line in resumed + straight), resumed + straight
+  assert all('step=6 devices=4 status=0' in line for line in resumed + straight), (
+      resumed + straight)
   checksum = lambda line: line.split('checksum=')[1]
   assert [checksum(l) for l in resumed] == [checksum(l) for l in straight]

@@ -71,10 +71,10 @@ def signal_a_running_run(tmp_path, sig, metric_lines):
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes(tmp_path):
-  """With 2 input workers: SIGTERM saves, exits 0 and leaves no worker; the resumed run (one
-  worker) starts from the saved step."""
+  """With 2 input workers: SIGTERM saves, exits 75 ("unfinished, resume me") and leaves no
+  worker; the resumed run (one worker) starts from the saved step."""
   proc, stderr = signal_a_running_run(tmp_path, signal.SIGTERM, 2)
-  assert proc.returncode == 0, stderr[-3000:]
+  assert proc.returncode == trainer.stop.RESUME_EXIT_STATUS == 75, stderr[-3000:]
   assert 'SIGTERM' in stderr
   saved = [int(s) for s in os.listdir(tmp_path / 'run' / 'checkpoints') if s.isdigit()]
   assert len(saved) == 1 and saved[0] >= 10, saved
@@ -88,7 +88,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
     assert line, proc.communicate()[1][-3000:]
   proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
-  assert proc.returncode == 0
+  assert proc.returncode == 75
 
 
 def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed_again():
@@ -160,7 +160,7 @@ def finishes_as_never_stopped(args, step, workdir, straight):
 def test_ctrl_c_saves_then_the_same_command_finishes_bitwise_equal(tmp_path, shared_data_dir,
                                                                    straight_run):
   """A terminal's Ctrl-C (SIGINT to the process group) with 2 input workers: the run saves at
-  the step it is in, says so, exits 0, and no worker died of it or outlives it; the same command
+  the step it is in, says so, exits 75, and no worker died of it or outlives it; the same command
   then finishes with the parameters and optimizer state of a run never stopped."""
   args = run_command(tmp_path / 'run', shared_data_dir, num_steps=24) + [
       '--config.data.workers=2']
@@ -170,7 +170,7 @@ def test_ctrl_c_saves_then_the_same_command_finishes_bitwise_equal(tmp_path, sha
   workers = children(proc.pid)
   os.killpg(proc.pid, signal.SIGINT)
   _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 0, stderr[-3000:]
+  assert proc.returncode == 75, stderr[-3000:]
   saved = re.search(r'Ctrl-C: saved the checkpoint of step (\d+) in .*; the same command', stderr)
   assert saved and 4 <= int(saved.group(1)) < 24, stderr[-3000:]
   assert os.path.isdir(tmp_path / 'run' / 'checkpoints' / saved.group(1))
@@ -208,7 +208,7 @@ def test_a_second_ctrl_c_while_saving_stops_at_once_and_keeps_a_checkpoint_to_re
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     stderr = ''.join(seen) + stderr
-    if proc.returncode == 0 and 'Ctrl-C: saved the checkpoint' in stderr:
+    if proc.returncode == 75 and 'Ctrl-C: saved the checkpoint' in stderr:
       continue  # stopped on the first Ctrl-C before the second arrived
     break
   assert proc.returncode == 130, stderr[-3000:]

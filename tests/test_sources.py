@@ -140,6 +140,21 @@ def test_tfds_documents(tmp_path):
   assert [d[0] for d in explicit[0]] == texts  # mock slices ignore the bounds
 
 
+def test_a_tfds_name_tfds_does_not_know_is_one_line_with_the_nearest_name(tmp_path):
+  """Before the model is built (input_pipeline.check_source, called by trainer.loop.setup);
+  TFDS's own error lists every dataset it has, 457 lines."""
+  pytest.importorskip('tensorflow_datasets')
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  for name, near in (('lm1bb', " (did you mean 'lm1b'?)"), ('no_such_dataset_xyz', '')):
+    with pytest.raises(ValueError) as error:
+      input_pipeline.check_source(_data_cfg(tmp_path, source='tfds', tfds_name=name))
+    assert str(error.value) == (
+        f'data.tfds_name={name!r} is no TFDS dataset{near}: set --config.data.tfds_name to a name '
+        'of tfds.list_builders() (e.g. lm1b, wikipedia/20230601.en), or to one prepared in '
+        'data.tfds_data_dir.')
+  input_pipeline.check_source(_tfds_cfg(tmp_path))  # lm1b: known, nothing read
+
+
 class _FiveExamplesPerSlice(dict):
   """The mock has no split sizes: this claims 5 examples for any slice."""
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import sweep
+from trainer import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,8 +117,9 @@ def test_a_bad_sweep_file_is_one_line(tmp_path, text, message):
   assert message in str(error.value) and '\n' not in str(error.value)
 
 
-def _fake_run(workdir, evals, final, num_steps=4):
-  """A finished run's files as train.py writes them: config.json and metrics.jsonl."""
+def _fake_run(workdir, evals, final, num_steps=4, finished=True):
+  """A run's files as train.py writes them: config.json and metrics.jsonl (with its results
+  line once finished)."""
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     json.dump({'train': {'num_steps': num_steps}}, f)
@@ -125,7 +127,8 @@ def _fake_run(workdir, evals, final, num_steps=4):
     for step, value in evals:
       f.write(json.dumps({'step': step, 'loss': 1.0 / step}) + '\n')
       f.write(json.dumps({'step': step, 'eval_accuracy': value}) + '\n')
-    f.write(json.dumps({'step': num_steps, 'results': {'eval_accuracy': final}}) + '\n')
+    if finished:
+      f.write(json.dumps({'step': num_steps, 'results': {'eval_accuracy': final}}) + '\n')
 
 
 def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
@@ -133,11 +136,12 @@ def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
   text = text.replace("'eval_accuracy', 'eval_loss'", "'eval_accuracy',")
   workdir = str(tmp_path / 'w')
   expanded = sweep.prepare(_write(tmp_path, text), workdir)
-  finals = {'base': (0.6, 0.7), 'no nsp': (0.5, None)}  # one 'no nsp' run unfinished
+  # One 'no nsp' fine-tuning finished from a pretraining stopped part of the way: not counted.
+  finals = {'base': (0.6, 0.7), 'no nsp': (0.5, 0.9)}
   for label, seed, runs in expanded:
     final = finals[label][seed]
-    if final is not None:
-      _fake_run(runs[-1].workdir, [(2, final + 0.1), (4, final)], final)
+    _fake_run(runs[-1].workdir, [(2, final + 0.1), (4, final)], final)
+    _fake_run(runs[0].workdir, [(2, 0.5)], 0.5, num_steps=10, finished=final != 0.9)
   rows = sweep.summarize(workdir)
   assert [(r['variant'], r['runs']) for r in rows] == [('base', '2/2'), ('no nsp', '1/2')]
   mean, std = rows[0]['eval_accuracy final']
@@ -176,7 +180,7 @@ def _sweep(*args):
 
 
 def _results(workdir):
-  lines, results = sweep.read_metrics(workdir)
+  lines, results = runner.read_metrics(workdir)
   return lines, results
 
 
@@ -199,7 +203,7 @@ def test_a_sweep_runs_resumes_after_an_interruption_and_prints_its_commands(
   output = process.communicate(timeout=300)[0]
   assert process.returncode != 0, output
   assert 'the same sweep command goes on from there' in output, output
-  assert sweep.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
+  assert runner.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
   stopped_at = [json.loads(line)['step'] for line in open('runs/lm/seed=1/metrics.jsonl')]
   assert 10 <= max(stopped_at) < 120
 

@@ -1,6 +1,7 @@
 """sweep.py --parallel and --slurm with train.py itself: the same results as one run at a time,
 an interruption that every running run survives, and a real single-node SLURM (munge,
-slurmctld and slurmd started here, as a user's cluster runs them)."""
+slurmctld and slurmd started here, as a user's cluster runs them) whose one-minute time limit
+stops each pretraining several times: each job requeues itself until its run has finished."""
 
 import json
 import os
@@ -14,24 +15,32 @@ import time
 import pytest
 
 import sweep
+from trainer import runner
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task.
+# Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task;
+# with arg 'broken', a third whose pretraining stops at once for a real error (32 hidden units
+# in 3 heads). A pretraining is 4,000 steps, about 80 s of training on one core: more than two
+# allocations of the SLURM test's time limit hold (at most 35 s each, startup included).
 MICRO = '''
 def get_sweep(arg=''):
   small = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
            'model.num_heads': 2, 'model.mlp_dim': 64, 'data.max_seq_length': 32,
-           'train.batch_size': 8, 'train.log_every': 10}}
+           'train.batch_size': 8, 'train.log_every': 100}}
+  variants = (('lr 1e-3', {{}}), ('lr 3e-3', {{'lm.optimizer.learning_rate': 3e-3}}))
+  if arg == 'broken':
+    variants += (('broken', {{'lm.model.num_heads': 3}}),)
   return dict(
       stages=(('lm', 'configs/gpt.py:tiny',
-               dict(small, **{{'train.num_steps': 80, 'train.eval_every': 40, 'train.eval_steps': 2,
-                              'train.checkpoint_every': 40, 'optimizer.warmup_steps': 10}})),
-              ('ft', 'configs/gpt_finetune.py', dict(small, **{{'train.num_steps': 20}}))),
-      variants=(('lr 1e-3', {{}}), ('lr 3e-3', {{'lm.optimizer.learning_rate': 3e-3}})),
-      seeds=(0,), metrics=('eval_accuracy', 'eval_loss'))
+               dict(small, **{{'train.num_steps': 4000, 'train.eval_every': 2000,
+                              'train.eval_steps': 2, 'train.checkpoint_every': 2000,
+                              'optimizer.warmup_steps': 10}})),
+              ('ft', 'configs/gpt_finetune.py', dict(small, **{{'train.num_steps': 20,
+                                                               'train.log_every': 10}}))),
+      variants=variants, seeds=(0,), metrics=('eval_accuracy', 'eval_loss'))
 '''
 
 
@@ -40,16 +49,17 @@ def _sweep(*args):
 
 
 def _finals(workdir):
-  """Each run's final eval line and results, without the wall-clock fields."""
+  """Each run's final eval line and results, without the wall-clock fields (None: no eval)."""
   with open(os.path.join(workdir, sweep.SWEEP_FILE)) as f:
     record = json.load(f)
   finals = {}
   for _, _, runs in record['runs']:
     for run in runs:
-      lines, results = sweep.read_metrics(run['workdir'])
+      lines, results = runner.read_metrics(run['workdir'])
       evals = [line for line in lines if any(k.startswith('eval_') for k in line)]
       name = os.path.relpath(run['workdir'], workdir)
-      finals[name] = ({k: v for k, v in evals[-1].items() if k != 'time'}, results)
+      finals[name] = ({k: v for k, v in evals[-1].items() if k != 'time'}, results) if evals \
+          else None
   return finals
 
 
@@ -80,7 +90,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
           ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
   deadline = time.time() + 300
   while time.time() < deadline and process.poll() is None:
-    if all(os.path.exists(log) and 'step 20/80' in open(log).read() for log in logs):
+    if all(os.path.exists(log) and 'step 100/4000' in open(log).read() for log in logs):
       process.send_signal(signal.SIGTERM)  # both pretrainings are running
       break
     time.sleep(0.05)
@@ -90,7 +100,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
   for log in logs:
     stopped_at = [json.loads(line)['step'] for line in
                   open(log.replace('logs/lm__', 'lm/').replace('.log', '/metrics.jsonl'))]
-    assert 20 <= max(stopped_at) < 80
+    assert 100 <= max(stopped_at) < 4000
 
   again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
                          capture_output=True, text=True, check=False)
@@ -137,8 +147,10 @@ def slurm_cluster(tmp_path):
   memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 2**20
   conf = base / 'slurm.conf'
   conf.write_text('\n'.join([
+      # A requeued job may start again cred_expire + 1 s later (120 s by default), and the
+      # scheduler looks every 2 s; ended jobs stay in `scontrol show job` for an hour.
       'ClusterName=sweeptest', f'SlurmctldHost={host}', 'AuthType=auth/munge',
-      f'AuthInfo=socket={socket_path}', 'CredType=cred/munge', 'SlurmUser=root',
+      f'AuthInfo=socket={socket_path},cred_expire=5', 'CredType=cred/munge', 'SlurmUser=root',
       'SlurmdUser=root', f'SlurmctldPort={_free_port()}', f'SlurmdPort={_free_port()}',
       f'StateSaveLocation={base}/state', f'SlurmdSpoolDir={base}/spool',
       f'SlurmctldPidFile={base}/slurmctld.pid', f'SlurmdPidFile={base}/slurmd.pid',
@@ -147,7 +159,8 @@ def slurm_cluster(tmp_path):
       'JobAcctGatherType=jobacct_gather/none', 'SchedulerType=sched/backfill',
       'SelectType=select/cons_tres', 'SelectTypeParameters=CR_Core', 'ReturnToService=2',
       'MpiDefault=none', 'AccountingStorageType=accounting_storage/none',
-      'JobCompType=jobcomp/none',
+      'JobCompType=jobcomp/none', 'MinJobAge=3600',
+      'SchedulerParameters=sched_interval=2,bf_interval=2',
       f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
       'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
   env = dict(os.environ, SLURM_CONF=str(conf))
@@ -174,27 +187,75 @@ def slurm_cluster(tmp_path):
         pass
 
 
-def test_a_sweep_runs_through_slurm_with_its_stages_chained(
+def _jobs(env):
+  """Every job the cluster knows, ended ones too: {name: {field: value}} from scontrol."""
+  shown = subprocess.run(['scontrol', '-o', 'show', 'job'], capture_output=True, text=True,
+                         env=env, check=True).stdout
+  jobs = {}
+  for line in shown.splitlines():
+    fields = dict(f.split('=', 1) for f in line.split() if '=' in f)
+    jobs[fields['JobName']] = fields
+  return jobs
+
+
+def test_a_sweep_through_slurm_outlives_a_one_minute_time_limit_and_a_failure_stops_its_own(
     sweep_file, one_at_a_time, slurm_cluster, tmp_path):
+  """Each job may run one minute, and SIGTERM comes 25 s before the limit (SLURM looks every 30
+  s, so 5-35 s into each allocation): every pretraining needs three or more allocations, and
+  requeues itself after each stop until it has finished; its fine-tuning waits for that. The
+  'broken' variant's pretraining fails for a real error: it is not requeued, and SLURM cancels
+  its fine-tuning only."""
   workdir = str(tmp_path / 'w')
-  submitted = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
-                                    '--slurm=submit', '--gpus_per_run=0'),
+  submitted = subprocess.run(_sweep(f'--sweep={sweep_file}:broken', f'--workdir={workdir}',
+                                    '--slurm=submit', '--gpus_per_run=0',
+                                    '--slurm_option=--time=1',
+                                    '--slurm_option=--signal=TERM@25'),
                              capture_output=True, text=True, check=False, env=slurm_cluster)
   assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-  assert 'ft seed=0: job ' in submitted.stdout and ', after job ' in submitted.stdout
-  deadline = time.time() + 600
+  seen = {}  # job name -> [(time, state)] while any job has not ended
+  deadline = time.time() + 900
   while time.time() < deadline:
-    queue = subprocess.run(['squeue', '-h', '-o', '%i %j %T %r'], capture_output=True,
-                           text=True, env=slurm_cluster, check=True).stdout.strip()
-    if not queue:
+    queue = subprocess.run(['squeue', '-h', '-t', 'all', '-o', '%j|%T'], capture_output=True,
+                           text=True, env=slurm_cluster, check=True).stdout.split()
+    now = time.time()
+    for name, state in (line.split('|') for line in queue):
+      seen.setdefault(name, []).append((now, state))
+    if queue and all(line.split('|')[1] in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT')
+                     for line in queue):
       break
-    assert 'DependencyNeverSatisfied' not in queue, queue
     time.sleep(1)
-  assert not queue, f'jobs still queued after 10 minutes: {queue}'
-  assert _finals(workdir) == one_at_a_time
+  jobs = _jobs(slurm_cluster)
+  states = {name: (job['JobState'], int(job['Restarts'])) for name, job in jobs.items()}
+  assert all(state != 'PENDING' and state != 'RUNNING' for state, _ in states.values()), (
+      f'jobs still queued after 15 minutes: {states}')
+
+  good = ['seed=0', 'learning_rate=0.003,seed=0']
+  for run in good:
+    assert states[f'lm__{run}'][0] == 'COMPLETED' and states[f'lm__{run}'][1] >= 2, states
+    assert states[f'ft__{run}'][0] == 'COMPLETED', states
+    log = open(os.path.join(workdir, 'logs', f'lm__{run}.log')).read()
+    assert log.count('requeueing job') == states[f'lm__{run}'][1], log[-3000:]
+    assert 1 <= log.count('Resuming from step') <= states[f'lm__{run}'][1], log[-3000:]
+    # The fine-tuning ran only once its own pretraining had ended.
+    pretraining_ended = max(t for t, state in seen[f'lm__{run}'] if state != 'COMPLETED')
+    fine_tuning_ran = min(t for t, state in seen[f'ft__{run}'] if state == 'RUNNING')
+    assert pretraining_ended < fine_tuning_ran
+  assert states['lm__num_heads=3,seed=0'] == ('FAILED', 0), states
+  log = open(os.path.join(workdir, 'logs', 'lm__num_heads=3,seed=0.log')).read()
+  assert ('train.py: error: model.hidden_size=32 is not divisible by model.num_heads=3' in log
+          and 'requeueing' not in log), log[-3000:]
+  assert states['ft__num_heads=3,seed=0'][0] == 'CANCELLED', states
+  assert jobs['ft__num_heads=3,seed=0']['Reason'] == 'DependencyNeverSatisfied', states
+  assert [name for name, (state, _) in states.items() if state == 'CANCELLED'] == [
+      'ft__num_heads=3,seed=0']
+  assert states['summarize'][0] == 'COMPLETED', states
+
+  finals = _finals(workdir)
+  assert {name: finals[name] for name in one_at_a_time} == one_at_a_time
   with open(os.path.join(workdir, 'results.md')) as f:
     table = f.read()
   assert '| lr 1e-3 | 1/1 |' in table and '| lr 3e-3 | 1/1 |' in table
+  assert '| broken | 0/1 |' in table
   summary = subprocess.run(_sweep('--summarize', f'--workdir={workdir}'), capture_output=True,
                            text=True, check=True)
   assert summary.stdout.startswith(table)

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 import sweep
+from trainer import runner
 from trainer import slices
 from trainer import slurm
 
@@ -26,8 +27,9 @@ def get_sweep(arg=''):
       seeds=(0,), metrics=('eval_loss',))
 '''
 
-# Stands in for train.py: sleeps log_every / 10 seconds (13: fails), notes when it ran and what
-# its slice gave it, then writes what sweep.finished() reads. SIGTERM: notes it and exits.
+# Stands in for train.py: sleeps log_every / 10 seconds (13: fails; 75: stops unfinished, as
+# train.py on a signal the sweep did not send), notes when it ran and what its slice gave it,
+# then writes what runner.finished() reads. SIGTERM: notes it and exits 75, as train.py does.
 FAKE_TRAIN = r'''
 import json, os, signal, sys, time
 args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
@@ -38,13 +40,15 @@ def note(**kw):
     f.write(json.dumps(kw) + '\n')
 def stop(signum, frame):
   note(signal='SIGTERM', time=time.time())
-  sys.exit(0)
+  sys.exit(75)
 signal.signal(signal.SIGTERM, stop)
 note(start=time.time(), cuda=os.environ.get('CUDA_VISIBLE_DEVICES'),
      cores=sorted(os.sched_getaffinity(0)), init_from=args.get('config.init_from'))
 every = int(args.get('config.train.log_every', '1'))
 if every == 13:
   sys.exit('train.py: error: broken on purpose')
+if every == 75:
+  sys.exit(75)
 time.sleep(every / 10)
 steps = int(args.get('config.train.num_steps', '1'))
 with open(os.path.join(workdir, 'config.json'), 'w') as f:
@@ -142,9 +146,9 @@ def test_a_run_whose_mesh_needs_more_than_a_slice_is_refused_in_one_line(fake_ru
   tensor = sweep.Run(runs[0].stage, runs[0].config,
                      runs[0].overrides + (('mesh', (('data', -1), ('tensor', 2))),),
                      0, runs[0].workdir, None)
-  sweep.check_slices(runs, slices.cut(2, 'gpu', devices=(0, 1)))
+  runner.check_slices(runs, slices.cut(2, 'gpu', devices=(0, 1)))
   with pytest.raises(ValueError) as error:
-    sweep.check_slices([tensor], slices.cut(2, 'gpu', devices=(0, 1)))
+    runner.check_slices([tensor], slices.cut(2, 'gpu', devices=(0, 1)))
   assert str(error.value) == (
       "--parallel=2: pretrain log_every=20,seed=0: config.mesh (('data', -1), ('tensor', 2)) "
       'needs a multiple of 2 devices, and a slice has 1: pass a smaller --parallel, or change '
@@ -154,7 +158,7 @@ def test_a_run_whose_mesh_needs_more_than_a_slice_is_refused_in_one_line(fake_ru
 def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its_own(
     fake_runs, tmp_path, capsys):
   runs = fake_runs(slow=20, quick=2)  # 2 s and 0.2 s
-  failed = sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(6, 7)))
+  failed = runner.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(6, 7)))
   out = capsys.readouterr().out
   by_name = {f'{r.stage}/{os.path.basename(r.workdir)}': r for r in runs}
   notes = {name: _notes(run.workdir) for name, run in by_name.items()
@@ -168,7 +172,7 @@ def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its
   # Each ran on one GPU of its own, and said so.
   assert {slow['cuda'], quick['cuda']} == {'6', '7'}
   assert re.search(r'\] pretrain log_every=20,seed=0: running on slice \d/2 \(GPUs [67]\)', out)
-  log = open(sweep.log_path(runs[0], str(tmp_path / 'w'))).read()
+  log = open(runner.log_path(runs[0], str(tmp_path / 'w'))).read()
   assert log.startswith('sweep.py: pretrain log_every=20,seed=0 on slice 1/2 (GPUs 6): '
                         'CUDA_VISIBLE_DEVICES=6\n')
   # The broken pretraining failed; only its fine-tuning was skipped.
@@ -176,13 +180,27 @@ def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its
       'pretrain/log_every=13,seed=0', 'finetune/log_every=13,seed=0']
   assert 'finetune log_every=13,seed=0: skipped, its' in out
   assert 'FAILED (exit 1) (on slice' in out and 'broken on purpose' in out
-  assert all(sweep.finished(r) for r in runs if r not in failed)
+  assert all(runner.finished(r) for r in runs if r not in failed)
+
+
+def test_a_run_stopped_unfinished_is_no_success_and_its_fine_tuning_waits(
+    fake_runs, tmp_path, capsys):
+  runs = fake_runs(slow=75, quick=1)  # the 'slow' pretraining exits 75 at once
+  failed = runner.run_all(runs, str(tmp_path / 'w'))
+  out = capsys.readouterr().out
+  assert sorted(f'{r.stage}/{os.path.basename(r.workdir)}' for r in failed) == [
+      'finetune/log_every=13,seed=0', 'finetune/log_every=75,seed=0',
+      'pretrain/log_every=13,seed=0', 'pretrain/log_every=75,seed=0']
+  assert ('pretrain log_every=75,seed=0: STOPPED before its last step (exit 75): the same sweep '
+          'command resumes it; the runs that start from it wait for that.') in out
+  assert 'finetune log_every=75,seed=0: skipped, its' in out
+  assert not os.path.exists(os.path.join(runs[3].workdir, 'fake.jsonl'))  # never started
 
 
 def test_cpu_slices_pin_their_cores(fake_runs, tmp_path):
   core = sorted(os.sched_getaffinity(0))[-1]
   runs = fake_runs(slow=1, quick=1)[:1]
-  assert sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(1, 'cpu', devices=(core,))) == []
+  assert runner.run_all(runs, str(tmp_path / 'w'), slices.cut(1, 'cpu', devices=(core,))) == []
   assert _notes(runs[0].workdir)['cores'] == [core]
 
 
@@ -191,8 +209,8 @@ def test_a_sigterm_reaches_every_running_run_and_the_sweep_stops(fake_runs, tmp_
   handler = signal.getsignal(signal.SIGTERM)
   timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
   timer.start()
-  with pytest.raises(sweep.Interrupted) as stopped:
-    sweep.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(0, 1)))
+  with pytest.raises(runner.Interrupted) as stopped:
+    runner.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(0, 1)))
   timer.cancel()
   running = [r for r in runs if os.path.exists(os.path.join(r.workdir, 'fake.jsonl'))]
   assert len(running) == 2 and all(_notes(r.workdir)['signal'] == 'SIGTERM' for r in running)
@@ -215,7 +233,7 @@ echo "$n;cluster"
 
 def test_slurm_resources_follow_the_mesh_and_fill_whole_nodes(fake_runs):
   runs = fake_runs()
-  assert sweep.slurm_resources(runs, None, 8).lines() == [
+  assert runner.slurm_resources(runs, None, 8).lines() == [
       '--nodes=1', '--ntasks-per-node=1', '--gpus-per-node=1']
   assert slurm.Resources(16, 8).lines() == ['--nodes=2', '--ntasks-per-node=1',
                                             '--gpus-per-node=8']
@@ -223,18 +241,18 @@ def test_slurm_resources_follow_the_mesh_and_fill_whole_nodes(fake_runs):
       '--nodes=1', '--ntasks-per-node=1', '--partition=cpu']
   fixed = [sweep.Run(r.stage, r.config, r.overrides + (('mesh', (('data', 2), ('fsdp', 2))),),
                      0, r.workdir, r.init_from) for r in runs]
-  assert sweep.slurm_resources(fixed, None, 8).gpus == 4
+  assert runner.slurm_resources(fixed, None, 8).gpus == 4
   for gpus, per_node, options, message in (
       (12, 8, (), '--gpus_per_run=12 does not fill whole nodes of 8 GPUs (--gpus_per_node): '
                   'pass a multiple of 8, or at most 8.'),
       (2, 8, ('partition=gpu',), '--slurm_option=partition=gpu: pass sbatch options as sbatch '
                                  'spells them, e.g. --slurm_option=--partition=gpu.')):
     with pytest.raises(ValueError) as error:
-      sweep.slurm_resources(runs, gpus, per_node, options)
+      runner.slurm_resources(runs, gpus, per_node, options)
     assert str(error.value) == message
   with pytest.raises(ValueError, match=r'^--gpus_per_run=2: pretrain .*needs 4 devices, and a '
                                        r'job has 2: pass --gpus_per_run to fit it\.$'):
-    sweep.slurm_resources(fixed, 2, 8)
+    runner.slurm_resources(fixed, 2, 8)
 
 
 def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
@@ -242,19 +260,23 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
   runs = fake_runs()
   workdir = str(tmp_path / 'w')
   monkeypatch.chdir(tmp_path)
-  sweep.to_slurm(runs, workdir, slurm.Resources(16, 8, ('--time=1:00:00',)), submit=False)
+  summary = ['python', 'sweep.py', '--summarize', f'--workdir={workdir}']
+  runner.to_slurm(runs, workdir, slurm.Resources(16, 8, ('--time=1:00:00',)), False, summary)
   out = capsys.readouterr().out
   assert 'Submit them with: bash ' + os.path.join(workdir, 'slurm', 'submit.sh') in out
   scripts = sorted(p for p in os.listdir(os.path.join(workdir, 'slurm')) if p[0].isdigit())
   assert len(scripts) == len(runs) == 6
   for path, run in zip(scripts, runs):
     text = open(os.path.join(workdir, 'slurm', path)).read()
-    assert f'#SBATCH --output={os.path.abspath(sweep.log_path(run, workdir))}\n' in text
+    assert f'#SBATCH --output={os.path.abspath(runner.log_path(run, workdir))}\n' in text
     for line in ('--nodes=2', '--gpus-per-node=8', '--ntasks-per-node=1', '--time=1:00:00',
                  '--signal=TERM@120', '--open-mode=append', '--kill-on-invalid-dep=yes'):
       assert f'#SBATCH {line}\n' in text
     assert f'\ncd {shlex.quote(str(tmp_path))}\n' in text
-    assert text.endswith(f'exec srun --kill-on-bad-exit=1 {shlex.join(run.argv())}\n')
+    assert f'\nsrun --kill-on-bad-exit=0 --wait=120 {shlex.join(run.argv())}\n' in text
+    assert text == slurm.script(f'{run.stage}__{os.path.basename(run.workdir)}', run.argv(),
+                                os.path.abspath(runner.log_path(run, workdir)), str(tmp_path),
+                                slurm.Resources(16, 8, ('--time=1:00:00',)))
   submit = os.path.join(workdir, 'slurm', 'submit.sh')
   subprocess.run(['bash', '-n', submit], check=True)  # it parses
 
@@ -278,8 +300,8 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
       assert '--dependency' not in call
   assert calls[-1].split()[2] == '--dependency=afterany:' + ':'.join(
       c.split()[0] for c in calls[:-1])
-  summary = open(os.path.join(workdir, 'slurm', 'summarize.sbatch')).read()
-  assert summary.rstrip().endswith(f'--summarize --workdir={workdir}')
+  assert f'\nsrun --kill-on-bad-exit=0 --wait=120 {shlex.join(summary)}\n' in open(
+      os.path.join(workdir, 'slurm', 'summarize.sbatch')).read()
 
   # --slurm=submit from Python: a finished run is not submitted, its fine-tuning has no wait.
   os.remove(tmp_path / 'sbatch.log')
@@ -289,7 +311,7 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
     f.write('{"train": {"num_steps": 10}}')
   with open(os.path.join(done.workdir, 'metrics.jsonl'), 'w') as f:
     f.write('{"step": 10, "results": {"eval_loss": 1.0}}\n')
-  sweep.to_slurm(runs, workdir, slurm.Resources(1, 8), submit=True)
+  runner.to_slurm(runs, workdir, slurm.Resources(1, 8), True, summary)
   out = capsys.readouterr().out
   calls = open(tmp_path / 'sbatch.log').read().splitlines()
   assert len(calls) == 6 and not any(c.endswith(scripts[0]) for c in calls)
@@ -297,6 +319,61 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
   downstream = next(c for c in calls if c.endswith(scripts[3]))
   assert runs[3].init_from == done.workdir and '--dependency' not in downstream
   assert re.search(r'\[5/6\] finetune log_every=2,seed=0: job \d+, after job \d+', out)
+
+
+# Stand in for srun (exits with $STATUS) and scontrol (notes its arguments).
+FAKE_SRUN = '#!/bin/bash\nexit "$STATUS"\n'
+FAKE_SCONTROL = '#!/bin/bash\necho "$*" >> "$SCONTROL_LOG"\n'
+
+
+@pytest.mark.parametrize('status,restarts,requeued,exit_status', [
+    (75, 0, True, 0),  # train.py stopped unfinished (a time limit, a preemption)
+    (143, 1, True, 0),  # SIGTERM before train.py had set its handler
+    (75, 2, False, 75),  # --max_requeues=2 reached
+    (1, 0, False, 1),  # an error
+    (0, 0, False, 0)])  # finished
+def test_a_job_requeues_itself_only_when_its_run_stopped_unfinished(
+    tmp_path, status, restarts, requeued, exit_status):
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  path = tmp_path / 'job.sbatch'
+  path.write_text(slurm.script('lm', ['python', 'train.py', '--workdir=runs/lm'], 'lm.log',
+                               str(tmp_path), slurm.Resources(0, 8, max_requeues=2)))
+  env = dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}', STATUS=str(status),
+             SLURM_JOB_ID='7', SLURM_RESTART_COUNT=str(restarts),
+             SCONTROL_LOG=str(tmp_path / 'scontrol.log'))
+  done = subprocess.run(['bash', str(path)], env=env, capture_output=True, text=True, check=False)
+  assert done.returncode == exit_status, done.stdout + done.stderr
+  log = tmp_path / 'scontrol.log'
+  assert (log.read_text() if log.exists() else '') == ('requeue 7\n' if requeued else '')
+  if requeued:
+    assert done.stdout == (f'sbatch script: stopped unfinished (exit {status}); requeueing job 7 '
+                           f'(requeue {restarts + 1} of at most 2) to resume from its '
+                           'checkpoint.\n')
+  elif status == 75:
+    assert done.stdout == ('sbatch script: stopped unfinished (exit 75) after 2 requeues '
+                           '(--max_requeues): not requeued again; submit this script again to '
+                           'go on.\n')
+
+
+def test_one_runs_script_is_printed_by_the_same_code_and_shown_in_the_docs():
+  """python -m trainer.slurm prints slurm.script's text for one train.py command; docs/sweeps.md
+  shows it for one node and for two (with this directory as /home/you/lm_lineage)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  docs = open(os.path.join(root, 'docs', 'sweeps.md'), encoding='utf-8').read()
+  command = ['python', 'train.py', '--config=configs/bert_base.py', '--workdir=runs/bert']
+  for gpus, options in ((8, ['--time=24:00:00']), (16, ['--time=24:00:00', '--partition=gpu'])):
+    printed = subprocess.run(
+        [sys.executable, '-m', 'trainer.slurm', f'--gpus_per_run={gpus}'] +
+        [f'--slurm_option={o}' for o in options] + ['--'] + command,
+        cwd=root, capture_output=True, text=True, check=True).stdout
+    assert printed == slurm.script('bert', command, os.path.join(root, 'bert.slurm.log'), root,
+                                   slurm.Resources(gpus, 8, tuple(options)))
+    shown = printed.replace(root, '/home/you/lm_lineage')
+    assert '\n'.join('    ' + line for line in shown.splitlines()) in docs, shown
 
 
 def test_sbatch_refusing_a_job_is_one_line(tmp_path, monkeypatch):

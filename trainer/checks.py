@@ -230,8 +230,7 @@ def check_init_from_run(config, need_checkpoint: bool = True) -> dict[str, Any]:
   missing = [name for name, found in present.items() if not found]
   if missing:
     raise ValueError(f'config.init_from={source!r} has no {" and no ".join(missing)}, so it is '
-                     f'not a finished run: {fix} (or run that pretraining to its first '
-                     'checkpoint).')
+                     f'not a finished run: {fix} (or run that pretraining to its last step).')
   saved = _saved_config(source, fix)
   # A task model may start from another model's run (the ELMo tagger from an ELMo biLM).
   module = importlib.import_module(f'models.{config.model_name}')
@@ -239,7 +238,23 @@ def check_init_from_run(config, need_checkpoint: bool = True) -> dict[str, Any]:
   if saved.get('model_name') not in (config.model_name, starts_from):
     raise ValueError(f'config.init_from={source!r} is a {saved.get("model_name")!r} run and this '
                      f'config trains {config.model_name!r}: start from a {starts_from!r} run.')
+  if need_checkpoint:
+    _check_finished(config, saved)
   return saved
+
+
+def _check_finished(config, saved: dict[str, Any]) -> None:
+  """The run in config.init_from reached its train.num_steps (a preempted one did not, and
+  starting from it would report results of a model trained part of the way), unless the
+  config says that a partial start is meant."""
+  reached = checkpoints.newest_step(config.init_from)
+  planned = saved.get('train', {}).get('num_steps')
+  if planned is None or reached >= planned or config.get('allow_unfinished_init_from'):
+    return
+  raise ValueError(f'config.init_from={config.init_from!r} stopped at step {reached} of its '
+                   f'train.num_steps={planned}: resume it to its last step first (its train.py '
+                   'command again), or set --config.allow_unfinished_init_from=True to start '
+                   f'from step {reached} on purpose.')
 
 
 def check_run_directories(config, workdir: str) -> None:

@@ -89,6 +89,7 @@ def setup(config, workdir: str, mesh) -> Run:
   check_run_directories(config, workdir)
   inherit_unset_fields(config, workdir)
   validate(config, mesh)
+  input_pipeline.check_source(config.data)  # TFDS's own error would list every dataset it has
   if config.get('init_from') and not checkpoints.exist(workdir):
     check_init_from(config)
   os.makedirs(workdir, exist_ok=True)

@@ -113,7 +113,7 @@ class Checked:
 
 @dataclasses.dataclass(frozen=True)
 class Free:
-  """Any value of the field's type: a seed, a path or name checked when it is read, or a value a
+  """Any value of the field's type: a path or name checked when it is read, or a value a
   config file derives from others."""
   why: str
 
@@ -157,7 +157,7 @@ RANGES: dict[str, Any] = {
     # The run.
     'model_name': OneOf(_modules('models', 'Model'), 'a model'),
     'objective': OneOf(_modules('objectives', 'loss_fn'), 'an objective'),
-    'seed': Free('any integer'),
+    'seed': Interval(0, what='a seed: numpy takes no negative one', integer=True),
     'init_from': PATH,
     'mesh': Checked(_mesh, (('data', 0), ('fsdp', 1), ('tensor', 1))),
     'logical_axis_rules': Checked(_axis_rules, (('batch', 'pipeline'),)),

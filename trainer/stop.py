@@ -10,6 +10,19 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+# train.py's exit status when a signal stopped the run before train.num_steps, after saving:
+# "unfinished, resume me" (sysexits.h's EX_TEMPFAIL, "try again later"), the same on every
+# host. Not 0, so that no scheduler counts a stopped run as a success (SLURM's afterok would
+# start the runs that start from it), and not 1, an error's, so that a job script can tell
+# the two apart and requeue only this one (trainer/slurm.py).
+RESUME_EXIT_STATUS = 75
+
+
+def exit_status(step: int, num_steps: int) -> int:
+  """train.py's exit status for a run that returned at `step`: 0 finished, else "resume me".
+  Every host returns at the same step (the hosts agree on a stop), so every host says the same."""
+  return 0 if step >= num_steps else RESUME_EXIT_STATUS
+
 
 class StopRequested:
   """SIGTERM (a preemption) or Ctrl-C (SIGINT, also a notebook's interrupt): the loop saves a

@@ -15,6 +15,7 @@ documents.
 """
 
 import ast
+import difflib
 import glob
 import hashlib
 import inspect
@@ -176,16 +177,31 @@ def prepare_tfds(builder) -> None:
       builder.download_and_prepare()
 
 
-def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
-                    process_index: int, process_count: int) -> Iterator[Document]:
-  """Documents of a TFDS text dataset; each host reads a contiguous slice."""
+def tfds_builder(data_cfg: ml_collections.ConfigDict):
+  """TFDS's builder of data.tfds_name; a name TFDS does not know is one line naming the field
+  and the nearest name it knows (TFDS's own error lists all of its 450-odd datasets)."""
   # Imported here: TensorFlow takes seconds to import and the other sources
   # do not need it.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    return tfds.builder(data_cfg.tfds_name, data_dir=data_cfg.tfds_data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    name = data_cfg.tfds_name.split(':')[0].split('/')[0]
+    near = difflib.get_close_matches(name, tfds.list_builders(with_community_datasets=False), 1)
+    raise ValueError(
+        f'data.tfds_name={data_cfg.tfds_name!r} is no TFDS dataset'
+        + (f' (did you mean {near[0]!r}?)' if near else '') + ': set --config.data.tfds_name '
+        'to a name of tfds.list_builders() (e.g. lm1b, wikipedia/20230601.en), or to one '
+        'prepared in data.tfds_data_dir.') from None
+
+
+def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
+                    process_index: int, process_count: int) -> Iterator[Document]:
+  """Documents of a TFDS text dataset; each host reads a contiguous slice."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   explicit_eval = split == 'eval' and data_cfg.tfds_eval_split
   tfds_split = data_cfg.tfds_eval_split if explicit_eval else data_cfg.tfds_split
-  builder = tfds.builder(data_cfg.tfds_name,
-                         data_dir=data_cfg.tfds_data_dir or None)
+  builder = tfds_builder(data_cfg)
   feature = data_cfg.tfds_text_feature
   if feature not in builder.info.features:
     raise ValueError(

@@ -1,0 +1,257 @@
+"""A sweep's runs (sweep.py's Run: a train.py command, its workdir and the run it starts from),
+run: one at a time on the whole machine, side by side on slices of it (trainer/slices.py), or
+as SLURM jobs (trainer/slurm.py); and whether a run has finished.
+
+A run starts only once the run it starts from has finished; a run that fails or stops
+unfinished stops only the runs that start from it.
+"""
+
+import functools
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from trainer import cli
+from trainer import slices
+from trainer import slurm
+from trainer import stop as stop_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's
+
+
+def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
+  """The run's logged lines (a step logged again after a resume keeps its last line) and
+  its results, if the run finished."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return [], None
+  by_key, results = {}, None
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if not line.strip():
+        continue
+      record = json.loads(line)
+      if 'results' in record:
+        results = dict(record['results'], step=record['step'])
+        continue
+      kind = 'eval' if any(k.startswith('eval_') for k in record) else 'train'
+      by_key[(kind, record['step'])] = record
+  return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))], results
+
+
+def finished(run: Any) -> bool:
+  """Its results line is at the config's train.num_steps."""
+  _, results = read_metrics(run.workdir)
+  config_path = os.path.join(run.workdir, 'config.json')
+  if results is None or not os.path.exists(config_path):
+    return False
+  with open(config_path, encoding='utf-8') as f:
+    return results['step'] == json.load(f)['train']['num_steps']
+
+
+class Interrupted(Exception):
+  pass
+
+
+def run_mesh(run: Any):
+  """config.mesh of the run: its override, else its config file's."""
+  overrides = dict(run.overrides)
+  if 'mesh' in overrides:
+    return overrides['mesh']
+  path, _, variant = run.config.partition(':')
+  return _config(path, variant).mesh
+
+
+@functools.lru_cache(maxsize=None)
+def _config(path: str, variant: str):
+  return cli.config_from_file(os.path.join(ROOT, path), variant)
+
+
+def check_slices(runs: list[Any], cut: list[slices.Slice]) -> None:
+  """One line naming the fix if a run's mesh does not fit a slice's devices."""
+  for run in runs:
+    reason = slices.mesh_refusal(run_mesh(run), cut[0].num_devices)
+    if reason:
+      raise ValueError(f'--parallel={len(cut)}: {run.stage} {os.path.basename(run.workdir)}: '
+                       f'{reason}, and a slice has {cut[0].num_devices}: pass a smaller '
+                       '--parallel, or change the mesh.')
+
+
+def run_all(runs: list[Any], workdir: str,
+            cut: list[slices.Slice] | None = None) -> list[Any]:
+  """Runs what is not finished, each on a free slice of `cut` (None: one at a time, on the
+  whole machine); a run starts as soon as the run it starts from has finished. Returns the
+  runs that failed or stopped unfinished (train.py's exit status 75 for a signal that was not
+  the sweep's), and the runs that start from them (not run).
+
+  SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
+  a checkpoint before the sweep stops."""
+  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
+  free = list(cut) if cut else [None]
+  waiting = list(enumerate(runs, 1))
+  running = {}  # Popen -> (run, its slice, head, log path)
+  failed, stopping, stopped = [], [], []
+
+  def stop(signum, frame):
+    del signum, frame
+    stopping.append(True)
+    for child in running:
+      if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+
+  def head(index, run):
+    return f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
+
+  def start(index, run, where):
+    path = log_path(run, workdir)
+    on = f' on {where.describe()}' if where else ''
+    print(f'{head(index, run)}: running{on}; log {path}\n  {shlex.join(run.argv())}',
+          flush=True)
+    with open(path, 'a', encoding='utf-8') as log:
+      if where:
+        log.write(f'sweep.py: {run.stage} {os.path.basename(run.workdir)} on '
+                  f'{where.describe()}: {" ".join(f"{k}={v}" for k, v in where.env)}\n')
+        log.flush()
+      # Its own session: a Ctrl-C reaches the sweep only, which passes on a SIGTERM.
+      child = subprocess.Popen(
+          [sys.executable] + run.argv()[1:], stdout=log, stderr=subprocess.STDOUT,
+          start_new_session=True, env=where.environment(os.environ) if where else None,
+          preexec_fn=where.pin if where else None)
+    running[child] = (run, where, head(index, run), path)
+    if stopping:  # the signal came while it started
+      child.send_signal(signal.SIGTERM)
+
+  def finish(child):
+    run, where, title, path = running.pop(child)
+    free.append(where)
+    free.sort(key=lambda s: s.index if s else 0)
+    code = child.returncode
+    on = f' (on {where.describe()})' if where else ''
+    if stopping:
+      stopped.append(run.workdir)
+      return
+    if code == stop_lib.RESUME_EXIT_STATUS:  # a signal that was not the sweep's own
+      print(f'{title}: STOPPED before its last step (exit {code}){on}: the same sweep command '
+            'resumes it; the runs that start from it wait for that.', flush=True)
+      failed.append(run)
+    elif code != 0 or not finished(run):
+      print(f'{title}: FAILED (exit {code}){on}: {_last_line(path)}', flush=True)
+      failed.append(run)
+    else:
+      _, results = read_metrics(run.workdir)
+      shown = ', '.join(f'{k} {v:.4g}' for k, v in results.items()
+                        if k != 'step' and isinstance(v, (int, float)))
+      print(f'{title}: done{on}: {shown}', flush=True)
+
+  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    while waiting or running:
+      if stopping:
+        if not running:
+          raise Interrupted(f'stopped before {waiting[0][1].workdir}; the same sweep command '
+                            'goes on from there.')
+      else:
+        pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
+        for item in list(waiting):
+          index, run = item
+          if run.init_from in {r.workdir for r in failed}:
+            print(f'{head(index, run)}: skipped, its {run.init_from} failed.', flush=True)
+            failed.append(run)
+            waiting.remove(item)
+          elif run.init_from in pending or not free:
+            continue  # the run it starts from has not finished yet, or no slice is free
+          elif finished(run):
+            print(f'{head(index, run)}: finished before, skipped.', flush=True)
+            waiting.remove(item)
+          else:
+            waiting.remove(item)
+            start(index, run, free.pop(0))
+          pending = {r.workdir for _, r in waiting} | {r.workdir for r, *_ in running.values()}
+      if not running:
+        continue
+      exited = [child for child in running if child.poll() is not None]
+      if not exited:
+        time.sleep(0.2)
+        continue
+      for child in exited:
+        finish(child)
+      if stopping and not running:
+        raise Interrupted(f'stopped during {", ".join(stopped)}; '
+                          f'{"it" if len(stopped) == 1 else "each"} saved a checkpoint, and the '
+                          'same sweep command goes on from there.')
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  return failed
+
+
+def log_path(run: Any, workdir: str) -> str:
+  return os.path.join(workdir, 'logs', f'{run.stage}__{os.path.basename(run.workdir)}.log')
+
+
+def slurm_resources(runs: list[Any], gpus: int | None, gpus_per_node: int,
+                    options: tuple[str, ...] = (),
+                    max_requeues: int = slurm.MAX_REQUEUES) -> slurm.Resources:
+  """What each job asks for: `gpus` (None: the devices the runs' meshes fix, at least 1);
+  one line naming the fix if a run's mesh cannot be laid out on them."""
+  if gpus is None:
+    gpus = max(max(1, _fixed_devices(run_mesh(run))) for run in runs)
+  resources = slurm.Resources(gpus, gpus_per_node, tuple(options), max_requeues)
+  resources.check()
+  devices = gpus or slices.cpu_device_count()
+  for run in runs:
+    reason = slices.mesh_refusal(run_mesh(run), devices)
+    if reason:
+      raise ValueError(f'--gpus_per_run={gpus}: {run.stage} {os.path.basename(run.workdir)}: '
+                       f'{reason}, and a job has {devices}: pass --gpus_per_run to fit it.')
+  return resources
+
+
+def to_slurm(runs: list[Any], workdir: str, resources: slurm.Resources, submit: bool,
+             summary: list[str]) -> None:
+  """WORKDIR/slurm/: a script per run, the `summary` command's (the table) and submit.sh; with
+  submit, the unfinished runs' jobs submitted, each after the job of the run it starts from,
+  and the summary's after all of them."""
+  os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
+  name = lambda run: f'{run.stage}__{os.path.basename(run.workdir)}'
+  by_dir = {run.workdir: run for run in runs}
+  jobs = [(name(run), run.argv(), os.path.abspath(log_path(run, workdir)),
+           name(by_dir[run.init_from]) if run.init_from else None) for run in runs]
+  paths = slurm.write(jobs, summary, workdir, resources)
+  folder = os.path.join(workdir, 'slurm')
+  print(f'Wrote {len(paths)} sbatch scripts ({", ".join(resources.lines())} each) and '
+        f'{slurm.SUBMIT_SCRIPT} to {folder}.', flush=True)
+  if not submit:
+    print(f'Submit them with: bash {os.path.join(folder, slurm.SUBMIT_SCRIPT)}')
+    return
+  ids = {}
+  for index, (run, path) in enumerate(zip(runs, paths), 1):
+    head = f'[{index}/{len(runs)}] {run.stage} {os.path.basename(run.workdir)}'
+    if finished(run):
+      print(f'{head}: finished before, not submitted.', flush=True)
+      continue
+    after = [ids[run.init_from]] if run.init_from in ids else []
+    ids[run.workdir] = slurm.sbatch(path, after)
+    print(f'{head}: job {ids[run.workdir]}' + (f', after job {after[0]}' if after else ''),
+          flush=True)
+  if ids:
+    job = slurm.sbatch(os.path.join(folder, slurm.SUMMARY_SCRIPT), list(ids.values()),
+                       'afterany')
+    print(f'summary: job {job}, after every job above; the table will be in '
+          f'{workdir}/results.md.', flush=True)
+
+
+def _fixed_devices(mesh) -> int:
+  return math.prod(int(size) for _, size in mesh if int(size) != -1)
+
+
+def _last_line(path: str) -> str:
+  with open(path, encoding='utf-8', errors='replace') as f:
+    lines = [line.strip() for line in f if line.strip()]
+  return lines[-1] if lines else '(no output)'
