@@ -66,10 +66,17 @@ cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 CHUNK_LOGITS = 1 << 27
 
 
+# Rows a chunk has at least (all of them where there are fewer): thinner chunks make small,
+# slow matmuls, and many of them over a huge vocabulary made XLA's compile take 20 GB (BERT
+# tiny with 40M words, tests/test_aot.py).
+MIN_CHUNK_ROWS = 256
+
+
 def output_layer_chunks(rows: int, vocab: int, max_logits: int) -> int:
   """How many chunks output_layer_loss cuts `rows` into: the fewest, of `max_logits` logits at
-  most each, that divide `rows` (else the fewest, with the rows padded)."""
-  fewest = max(1, -(-rows * vocab // max_logits))
+  most each and MIN_CHUNK_ROWS rows at least, that divide `rows` (else the fewest, with the
+  rows padded)."""
+  fewest = max(1, min(-(-rows * vocab // max_logits), rows // MIN_CHUNK_ROWS))
   dividing = [n for n in range(fewest, min(rows, 4 * fewest) + 1) if rows % n == 0]
   return dividing[0] if dividing else fewest
 

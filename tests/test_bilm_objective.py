@@ -192,6 +192,7 @@ def test_blocked_full_softmax_equals_one_block(monkeypatch):
   outputs, batch = example(garbage=0.0)
   whole = jax.device_get(bilm.loss_fn(outputs, batch)[1])
   monkeypatch.setattr(lm, 'CHUNK_LOGITS', 2 * V)  # 2 rows per chunk
+  monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   blocked = jax.device_get(bilm.loss_fn(outputs, batch)[1])
   for name, value in whole.items():
     np.testing.assert_allclose(blocked[name], value, rtol=1e-5, err_msg=name)

@@ -140,13 +140,20 @@ def _whole_logits(x, table, bias_v, targets, weights):
   return lm.token_stats(logits, targets, weights)
 
 
-# 30 rows x 37 words: 1 chunk; 10 of 3 rows; 8 of 4 rows (2 rows of padding); 30 of 1 row.
-@pytest.mark.parametrize('max_logits', [1 << 20, 37 * 3, 37 * 4, 37])
+# (rows, the largest chunk's logits, chunks): 30 rows x 37 words in 1 chunk, 10 of 3 rows, 30
+# of 1 row; 97 rows (a prime) in 2 chunks of 49, one row of padding.
+CHUNKINGS = [((3, 10), 1 << 20, 1), ((3, 10), 37 * 3, 10), ((3, 10), 37, 30), ((97,), 37 * 49, 2)]
+
+
+@pytest.mark.parametrize('rows,max_logits,chunks', CHUNKINGS)
 @pytest.mark.parametrize('bias', [True, False])
-def test_output_layer_loss_in_chunks_equals_the_whole_logits_path(max_logits, bias):
+def test_output_layer_loss_in_chunks_equals_the_whole_logits_path(rows, max_logits, chunks, bias,
+                                                                  monkeypatch):
   """Loss, per-token NLL and accuracy, and the gradients of x, table and bias, within 1e-5 in
   float32, for one chunk, several, and rows that do not divide into chunks."""
-  x, table, bias_v, targets, weights = _output_layer_case(bias=bias)
+  monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
+  assert lm.output_layer_chunks(math.prod(rows), 37, max_logits) == chunks
+  x, table, bias_v, targets, weights = _output_layer_case(rows=rows, bias=bias)
   nll_sum, count, correct = _whole_logits(x, table, bias_v, targets, weights)
 
   def chunked(x, table, bias_v):
@@ -165,7 +172,8 @@ def test_output_layer_loss_in_chunks_equals_the_whole_logits_path(max_logits, bi
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5 * np.abs(w).max())
 
 
-def test_output_layer_loss_in_bfloat16_within_the_bfloat16_tolerance():
+def test_output_layer_loss_in_bfloat16_within_the_bfloat16_tolerance(monkeypatch):
+  monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   x, table, _, targets, weights = _output_layer_case(rows=(4, 32), dtype=jnp.bfloat16, bias=False)
   got = jax.grad(lambda x, t: lm.output_layer_loss(x, t, None, targets, weights, 37 * 16)[0],
                  (0, 1))(x, table)
@@ -176,7 +184,8 @@ def test_output_layer_loss_in_bfloat16_within_the_bfloat16_tolerance():
     np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=1e-2 * np.abs(w).max())
 
 
-def test_output_layer_accuracy_counts_ties_as_argmax_does():
+def test_output_layer_accuracy_counts_ties_as_argmax_does(monkeypatch):
+  monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   table = jnp.asarray(np.random.default_rng(1).integers(0, 2, (37, 16)), jnp.float32)
   x = jnp.ones((4, 6, 16))  # many words tie for the top logit
   targets = jnp.asarray(np.random.default_rng(2).integers(0, 37, (4, 6)), jnp.int32)
@@ -193,7 +202,8 @@ def test_output_layer_per_token_outputs_refuse_a_gradient():
     jax.grad(lambda x: lm.output_layer_loss(x, table, bias_v, targets, weights)[1].sum())(x)
 
 
-def test_rows_of_weight_zero_get_no_gradient_even_when_not_finite():
+def test_rows_of_weight_zero_get_no_gradient_even_when_not_finite(monkeypatch):
+  monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   x, table, bias_v, targets, weights = _output_layer_case()
   x = x.at[0, 1].set(jnp.nan).at[1, 2].set(jnp.inf)
   weights = weights.at[0, 1].set(0.0).at[1, 2].set(0.0)
@@ -217,3 +227,10 @@ def test_the_compiled_gradient_never_holds_the_whole_logits():
            for dims in re.findall(r'\b(?:f32|bf16)\[([\d,]*)\]', text)]
   assert max(sizes) < rows * vocab // 4
   assert lm.output_layer_chunks(rows, vocab, rows * vocab // 8) == 8
+
+
+def test_chunks_have_enough_rows():
+  """GPT-1's 64 x 512 tokens in 16 chunks, BERT-base's 5,120 masked ones in 2, ELMo's 7,680 rows
+  over 793,471 words in 30; a few rows over a huge vocabulary stay one chunk."""
+  assert [lm.output_layer_chunks(rows, vocab, lm.CHUNK_LOGITS) for rows, vocab in [
+      (32768, 40478), (5120, 30522), (7680, 793471), (160, 40_000_000)]] == [16, 2, 30, 1]
