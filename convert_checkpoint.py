@@ -4,7 +4,7 @@
     python convert_checkpoint.py --from=tf --input=BERT_TF_DIR --workdir=DIR     # google's release
     python convert_checkpoint.py --from=hf --input=OPENAI_GPT_DIR --workdir=DIR  # HF openai-gpt
     python convert_checkpoint.py --to=hf --workdir=DIR --output=HF_DIR           # an HF BERT
-    python convert_checkpoint.py --from=bilm --input=ELMO_DIR --workdir=DIR      # bilm-tf/AllenNLP ELMo
+    python convert_checkpoint.py --from=bilm --input=ELMO_DIR --workdir=DIR      # bilm-tf ELMo
 
 ELMo's options.json + weights.hdf5 are read by convert_elmo.py, whose docstring says what
 bilm-tf computes otherwise; the rest of this docstring is about BERT and GPT.
