@@ -1,9 +1,11 @@
-"""Converts released BERT and GPT checkpoints into workdirs of ours, and BERT workdirs back to HF.
+"""Converts released BERT, GPT and CoVe checkpoints into workdirs of ours, and BERT workdirs back to HF.
 
     python convert_checkpoint.py --from=hf --input=HF_DIR --workdir=DIR          # HF BERT
     python convert_checkpoint.py --from=tf --input=BERT_TF_DIR --workdir=DIR     # google's release
     python convert_checkpoint.py --from=hf --input=OPENAI_GPT_DIR --workdir=DIR  # HF openai-gpt
     python convert_checkpoint.py --to=hf --workdir=DIR --output=HF_DIR           # an HF BERT
+    python convert_checkpoint.py --from=cove --input=wmtlstm-8f474287.pth \
+        --glove=glove.840B.300d.txt --workdir=DIR                                # salesforce/cove
 
 A converted workdir is what a pretraining run leaves: config.json (configs/
 bert_base.py or configs/gpt.py with the checkpoint's sizes), the vocabulary
@@ -20,6 +22,14 @@ purpose: TF optimizer slots (*/adam_m, */adam_v, global_step), buffers
 lm_head), which must equal what they repeat. An HF BertModel (no bert. prefix,
 no cls.*) gets fresh MLM and NSP heads, which the summary lists.
 
+CoVe's release is the MT-LSTM's encoder alone: the state dict of a
+bidirectional torch.nn.LSTM (weight_ih_l0, weight_hh_l0_reverse, ...), which
+reads GloVe vectors. The workdir is a configs/cove.py run of its sizes: the
+encoder, a word table of the first data.source_vocab_size - 3 words of --glove
+(words.txt), and a decoder, target embedding and softmax freshly initialized
+over a stand-in byte-level target vocabulary, which config.json names in
+untrained_params (translate.py refuses the workdir).
+
 Where the references compute otherwise:
 - google-research/bert's modeling.py computes GELU by the tanh approximation;
   our BERT, like HF's, uses the exact erf GELU (they differ by under 5e-4).
@@ -28,6 +38,14 @@ Where the references compute otherwise:
 - Our GPT special tokens (BPE_SPECIAL_TOKENS) get the ids after openai-gpt's
   40,478 and embedding rows from N(0, initializer_range), as OpenAI's
   fine-tuning code appends its own.
+- torch's LSTM adds two biases, b_ih and b_hh; our CoVe encoder has one, their
+  sum (the gates differ by float32 rounding). Both order the gates i, f, g, o
+  and add no forget-gate bias.
+- salesforce/cove's MTLSTM has no vocabulary: its user's torchtext vocabulary
+  takes GloVe's vectors, a zero vector for a word GloVe lacks. Ours keeps
+  GloVe's first words in the table and gives other words the unknown-word
+  vector, zero in a converted workdir; extract_features.py --glove reads every
+  word of the file, as the reference's user would.
 """
 
 import glob
@@ -48,9 +66,12 @@ import jax
 import numpy as np
 
 from configs import bert_base
+from configs import cove as cove_configs
 from configs import gpt as gpt_configs
 import input_pipeline
+from input_pipeline.common import glove
 from input_pipeline.common import tokenizer as tokenizer_lib
+from input_pipeline.common import words as words_lib
 from trainer import checkpoints
 from trainer import cli
 from trainer import phases
@@ -405,9 +426,182 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
   mngr = checkpoints.manager(workdir, 1)
   # The released models trained every position of their table (BERT's last phase at 512).
   checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1,
-                   positions=config.model.max_position_embeddings)
+                   positions=config.model.get('max_position_embeddings'))
   checkpoints.wait(mngr)
   mngr.close()
+
+
+# CoVe: salesforce/cove's MT-LSTM encoder (wmtlstm-*.pth) over GloVe vectors.
+
+COVE_RELEASE = ("salesforce/cove's wmtlstm-*.pth, the state dict of "
+                'nn.LSTM(300, 300, num_layers=2, bidirectional=True)')
+# torch's suffix of each direction's tensors, and our layer's.
+COVE_DIRECTIONS = (('', 'forward'), ('_reverse', 'backward'))
+# What the release leaves out (the MT-LSTM's decoder, target embedding and softmax): the
+# converted workdir has them freshly initialized and says so in config.json.
+COVE_UNTRAINED = ('target_embed', 'decoder', 'output')
+# The stand-in target vocabulary of the absent decoder: byte-level BPE without merges.
+COVE_TARGET_VOCAB = len(tokenizer_lib.BPE_SPECIAL_TOKENS) + 256
+
+
+def read_cove_tensors(path: str) -> dict[str, np.ndarray]:
+  """The tensors of a torch state dict file, as float32 arrays."""
+  if not os.path.isfile(path):
+    raise ValueError(f'--input={path} does not exist: pass {COVE_RELEASE}.')
+  try:
+    import torch  # pylint: disable=g-import-not-at-top (only CoVe's .pth needs it)
+  except ImportError:
+    raise ValueError(f'{path} is a PyTorch file: pip install -r requirements-parity.txt (torch) '
+                     'to read it.') from None
+  try:
+    state = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except (torch raises many kinds for non-torch files)
+    raise ValueError(f'{path} does not load as a PyTorch state dict ({type(e).__name__}): pass '
+                     f'{COVE_RELEASE}.') from None
+  if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+    raise ValueError(f'{path} holds a {type(state).__name__}, not a state dict of tensors: pass '
+                     f'{COVE_RELEASE}.')
+  return {k: v.float().numpy() for k, v in state.items()}
+
+
+def cove_sizes(tensors: dict, source: str) -> tuple[int, int, int]:
+  """(word_dim, cells per direction, layers) of an nn.LSTM state dict: W and S from
+  weight_ih_l0 (4S, W) and weight_hh_l0 (4S, S), the layers from the weight_ih_l{i} present."""
+  for name in ('weight_ih_l0', 'weight_hh_l0'):
+    if name not in tensors:
+      raise ValueError(f'{source} has no tensor {name} (it has {", ".join(sorted(tensors)[:3])}'
+                       f'{" ..." if len(tensors) > 3 else ""}): pass {COVE_RELEASE}.')
+    if tensors[name].ndim != 2:
+      raise ValueError(f'{source}: {name} has shape {tensors[name].shape}, not a matrix: pass '
+                       f'{COVE_RELEASE}.')
+  layers = 1
+  while f'weight_ih_l{layers}' in tensors:
+    layers += 1
+  return tensors['weight_ih_l0'].shape[1], tensors['weight_hh_l0'].shape[1], layers
+
+
+def cove_encoder_params(tensors: dict, source: str) -> dict[str, np.ndarray]:
+  """Our encoder's parameters (flat) from nn.LSTM's: per layer and direction, weight_ih (4S, I)
+  and weight_hh (4S, S) as kernels (I, 4, S) and (S, 4, S), gates i, f, g, o in torch's order as
+  in ours; torch's two biases b_ih + b_hh as our one (4, S)."""
+  word_dim, cells, layers = cove_sizes(tensors, source)
+  params, used = {}, set()
+  for i in range(layers):
+    width = word_dim if i == 0 else 2 * cells
+    for suffix, direction in COVE_DIRECTIONS:
+      expected = {'weight_ih': (4 * cells, width), 'weight_hh': (4 * cells, cells),
+                  'bias_ih': (4 * cells,), 'bias_hh': (4 * cells,)}
+      theirs = {}
+      for kind, shape in expected.items():
+        name = f'{kind}_l{i}{suffix}'
+        if name not in tensors:
+          raise ValueError(f'{source} has no tensor {name}: pass {COVE_RELEASE} (bidirectional, '
+                           'with both biases).')
+        if tensors[name].shape != shape:
+          raise ValueError(f'{source}: {name} has shape {tensors[name].shape} but a biLSTM of '
+                           f'{cells} cells (weight_hh_l0) over {word_dim}-d vectors (weight_ih_l0) '
+                           f'needs {shape}: pass an unmodified {COVE_RELEASE}.')
+        theirs[kind] = tensors[name]
+        used.add(name)
+      ours = f'encoder/layer{i}_{direction}/'
+      params[ours + 'input_kernel'] = theirs['weight_ih'].reshape(4, cells, width).transpose(2, 0, 1)
+      params[ours + 'recurrent_kernel'] = theirs['weight_hh'].reshape(4, cells, cells).transpose(
+          2, 0, 1)
+      params[ours + 'bias'] = (theirs['bias_ih'] + theirs['bias_hh']).reshape(4, cells)
+  unexpected = sorted(set(tensors) - used)
+  if unexpected:
+    raise ValueError(f'{source} has {len(unexpected)} tensor(s) a bidirectional nn.LSTM without '
+                     f'projections has not: {", ".join(unexpected[:5])}: pass {COVE_RELEASE}.')
+  return {path: np.ascontiguousarray(x, np.float32) for path, x in params.items()}
+
+
+def glove_vocabulary(glove_file: str, count: int, lower_case: bool
+                     ) -> tuple[list[str], np.ndarray]:
+  """The first `count` words of a GloVe file (GloVe lists its words most frequent first) and their
+  vectors (count, W); words with white space in them, and repeats once lower-cased, left out."""
+  words, vectors, seen = [], [], set(words_lib.SPECIAL_WORDS)
+  for word, vector in glove.entries(glove_file):
+    if len(words) == count:
+      break
+    key = word.lower() if lower_case else word
+    if key in seen or any(c.isspace() for c in key):
+      continue
+    seen.add(key)
+    words.append(key)
+    vectors.append(vector)
+  return words, np.array(vectors, np.float32).reshape(len(words), -1)
+
+
+def cove_config(tensors: dict, source: str, glove_file: str, lower_case: bool):
+  """configs/cove.py with the state dict's sizes: the variant of those sizes (the release's are
+  base's), else base resized; the decoder over the stand-in target vocabulary."""
+  word_dim, cells, layers = cove_sizes(tensors, source)
+  variant = next((name for name, v in cove_configs.VARIANTS.items()
+                  if (v['word_dim'], v['hidden_size']) == (word_dim, cells)), 'base')
+  config = cove_configs.get_config(variant)
+  config.model.word_dim, config.model.hidden_size = word_dim, cells
+  config.model.num_encoder_layers = layers
+  config.model.vocab_size = COVE_TARGET_VOCAB
+  config.data.glove_file = os.path.abspath(glove_file)
+  config.data.lower_case = lower_case
+  config.train.num_steps = 0  # step 0 of 0: a finished run that config.init_from accepts
+  config.converted_from = os.path.abspath(source)
+  config.untrained_params = COVE_UNTRAINED
+  return config
+
+
+def convert_cove(input_path: str, workdir: str, glove_file: str,
+                 lower_case: bool | None = None) -> str:
+  """Writes salesforce/cove's MT-LSTM encoder, over the first data.source_vocab_size words of
+  a GloVe file, as a CoVe workdir; returns a summary."""
+  if checkpoints.exist(workdir):
+    raise ValueError(f'--workdir={workdir} already holds a checkpoint: pass a new directory.')
+  if not glove_file:
+    raise ValueError('--from=cove needs --glove=glove.840B.300d.txt: the MT-LSTM reads GloVe '
+                     'vectors, which the release does not include.')
+  tensors = read_cove_tensors(input_path)
+  encoder = cove_encoder_params(tensors, input_path)
+  word_dim = tensors['weight_ih_l0'].shape[1]
+  if glove.width(glove_file) != word_dim:
+    raise ValueError(f'{input_path}: weight_ih_l0 reads {word_dim}-d word vectors but --glove='
+                     f'{glove_file} has {glove.width(glove_file)}-d ones: pass the GloVe file '
+                     'the MT-LSTM was trained over (glove.840B.300d.txt).')
+  lower_case = bool(lower_case)  # glove.840B, which the release read, is cased
+  config = cove_config(tensors, input_path, glove_file, lower_case)
+  init = model_init(config)
+  flat = jax.eval_shape(init)
+  specials = len(words_lib.SPECIAL_WORDS)
+  words, vectors = glove_vocabulary(glove_file, config.data.source_vocab_size - specials,
+                                    lower_case)
+  table = np.zeros(flat['word_vectors/table/embedding'].shape, np.float32)
+  table[specials:specials + len(words)] = vectors
+  # torchtext, which feeds the released model, gives words GloVe lacks a zero vector.
+  params = {**encoder, 'word_vectors/table/embedding': table,
+            'word_vectors/unknown': np.zeros(flat['word_vectors/unknown'].shape, np.float32)}
+  for path, x in params.items():
+    if path not in flat or flat[path].shape != x.shape:
+      raise ValueError(f'convert_checkpoint.py makes our {path} of shape {x.shape}, which '
+                       'models/cove.py does not have: fix the CoVe tables.')
+  fresh = [path for path in flat if path not in params]
+  unmapped = [path for path in fresh if path.split('/')[0] not in COVE_UNTRAINED]
+  if unmapped:
+    raise ValueError(f'convert_checkpoint.py maps nothing to our {unmapped[0]}: add it to the '
+                     'CoVe tables.')
+  # Jitted, and only these, with init traced once: the decoder as models/cove.py initializes it.
+  params |= jax.device_get(jax.jit(lambda: (lambda made: {p: made[p] for p in fresh})(init()))())
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer_lib.write_lines_atomically([*words_lib.SPECIAL_WORDS, *words],
+                                       os.path.join(workdir, words_lib.WordVocab.FILE_NAME))
+  target_vocab = tokenizer_lib.learn_bpe(
+      [], COVE_TARGET_VOCAB, lower_case,
+      os.path.join(workdir, tokenizer_lib.ByteLevelBPETokenizer.FILE_NAME))
+  write_workdir(workdir, config, traverse_util.unflatten_dict(params, sep='/'), target_vocab)
+  return (f'Converted {input_path} (CoVe: {config.model.num_encoder_layers}-layer biLSTM, '
+          f'{config.model.hidden_size} cells per direction, over {word_dim}-d vectors) and the '
+          f'first {len(words)} words of {glove_file} (lower_case={lower_case}) into {workdir}. '
+          f'The release has no decoder: {", ".join(COVE_UNTRAINED)} are untrained '
+          '(config.json: untrained_params); extract_features.py and '
+          'configs/cove_classifier.py read the encoder.')
 
 
 def export_hf(workdir: str, output: str) -> str:
@@ -464,23 +658,28 @@ def main(argv):
   f = flags.FLAGS
   source, lower_case = f['from'].value, {'true': True, 'false': False, None: None}[f.lower_case]
   try:
-    if source and not f.to and f.input and f.workdir:
+    if source == 'cove' and not f.to and f.input and f.workdir:
+      summary = convert_cove(f.input, f.workdir, f.glove, lower_case)
+    elif source and not f.to and f.input and f.workdir:
       summary = convert(source, f.input, f.workdir, lower_case)
     elif f.to and not source and f.workdir and f.output:
       summary = export_hf(f.workdir, f.output)
     else:
-      raise ValueError('pass --from=hf|tf --input=DIR --workdir=DIR, or --to=hf --workdir=DIR '
-                       '--output=DIR.')
+      raise ValueError('pass --from=hf|tf --input=DIR --workdir=DIR, --from=cove --input=FILE.pth '
+                       '--glove=FILE --workdir=DIR, or --to=hf --workdir=DIR --output=DIR.')
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'convert_checkpoint.py: error: {e}')
   print(summary, flush=True)
 
 
 if __name__ == '__main__':
-  flags.DEFINE_enum('from', None, ('hf', 'tf'), 'Convert a checkpoint of this format.')
+  flags.DEFINE_enum('from', None, ('hf', 'tf', 'cove'), 'Convert a checkpoint of this format '
+                    "(cove: salesforce/cove's wmtlstm-*.pth).")
   flags.DEFINE_enum('to', None, ('hf',), 'Export a BERT workdir to this format.')
-  flags.DEFINE_string('input', None, 'Directory of the checkpoint to convert.')
+  flags.DEFINE_string('input', None, 'Directory of the checkpoint to convert (CoVe: its .pth).')
   flags.DEFINE_string('workdir', None, 'Our workdir: written by --from, read by --to.')
   flags.DEFINE_string('output', None, 'Directory to write with --to.')
   flags.DEFINE_enum('lower_case', None, ('true', 'false'), 'Casing of the vocabulary (overrides).')
+  flags.DEFINE_string('glove', None, 'CoVe: the GloVe text file the MT-LSTM reads '
+                      '(glove.840B.300d.txt).')
   app.run(main, flags_parser=cli.parse_flags)
