@@ -1,4 +1,4 @@
-"""Converts released BERT, GPT and CoVe checkpoints into workdirs of ours, and BERT workdirs back to HF.
+"""Converts released BERT, GPT and CoVe checkpoints into workdirs of ours, BERT workdirs back to HF.
 
     python convert_checkpoint.py --from=hf --input=HF_DIR --workdir=DIR          # HF BERT
     python convert_checkpoint.py --from=tf --input=BERT_TF_DIR --workdir=DIR     # google's release
@@ -455,7 +455,7 @@ def read_cove_tensors(path: str) -> dict[str, np.ndarray]:
                      'to read it.') from None
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except (torch raises many kinds for non-torch files)
+  except Exception as e:  # pylint: disable=broad-except (many kinds, for non-torch files)
     raise ValueError(f'{path} does not load as a PyTorch state dict ({type(e).__name__}): pass '
                      f'{COVE_RELEASE}.') from None
   if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
@@ -504,8 +504,9 @@ def cove_encoder_params(tensors: dict, source: str) -> dict[str, np.ndarray]:
         theirs[kind] = tensors[name]
         used.add(name)
       ours = f'encoder/layer{i}_{direction}/'
-      params[ours + 'input_kernel'] = theirs['weight_ih'].reshape(4, cells, width).transpose(2, 0, 1)
-      params[ours + 'recurrent_kernel'] = theirs['weight_hh'].reshape(4, cells, cells).transpose(
+      # Torch's (4S, I), gates first, as our (I, 4, S).
+      params[ours + 'input_kernel'] = theirs['weight_ih'].reshape(4, cells, -1).transpose(2, 0, 1)
+      params[ours + 'recurrent_kernel'] = theirs['weight_hh'].reshape(4, cells, -1).transpose(
           2, 0, 1)
       params[ours + 'bias'] = (theirs['bias_ih'] + theirs['bias_hh']).reshape(4, cells)
   unexpected = sorted(set(tensors) - used)
