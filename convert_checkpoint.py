@@ -1,9 +1,16 @@
-"""Converts released BERT and GPT checkpoints into workdirs of ours, and BERT workdirs back to HF.
+"""Converts released BERT, GPT, ELMo and CoVe checkpoints to workdirs of ours, BERT back to HF.
 
     python convert_checkpoint.py --from=hf --input=HF_DIR --workdir=DIR          # HF BERT
     python convert_checkpoint.py --from=tf --input=BERT_TF_DIR --workdir=DIR     # google's release
     python convert_checkpoint.py --from=hf --input=OPENAI_GPT_DIR --workdir=DIR  # HF openai-gpt
     python convert_checkpoint.py --to=hf --workdir=DIR --output=HF_DIR           # an HF BERT
+    python convert_checkpoint.py --from=bilm --input=ELMO_DIR --workdir=DIR      # bilm-tf ELMo
+    python convert_checkpoint.py --from=cove --input=wmtlstm-8f474287.pth \
+        --glove=glove.840B.300d.txt --workdir=DIR                                # salesforce/cove
+
+ELMo's options.json + weights.hdf5 are read by convert_elmo.py, CoVe's .pth by
+convert_cove.py; their docstrings say what the references compute otherwise. The rest of
+this docstring is about BERT and GPT.
 
 A converted workdir is what a pretraining run leaves: config.json (configs/
 bert_base.py or configs/gpt.py with the checkpoint's sizes), the vocabulary
@@ -403,9 +410,10 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
   if os.path.abspath(vocab_file) != os.path.abspath(saved):
     _copy(vocab_file, saved)
   mngr = checkpoints.manager(workdir, 1)
-  # The released models trained every position of their table (BERT's last phase at 512).
+  # The released models trained every position of their table (BERT's last phase at 512);
+  # ELMo's biLM has no position table.
   checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1,
-                   positions=config.model.max_position_embeddings)
+                   positions=config.model.get('max_position_embeddings'))
   checkpoints.wait(mngr)
   mngr.close()
 
@@ -464,12 +472,19 @@ def main(argv):
   f = flags.FLAGS
   source, lower_case = f['from'].value, {'true': True, 'false': False, None: None}[f.lower_case]
   try:
-    if source and not f.to and f.input and f.workdir:
+    if source == 'bilm' and not f.to and f.input and f.workdir:
+      import convert_elmo  # pylint: disable=g-import-not-at-top (it imports this module)
+      summary = convert_elmo.convert(f.input, f.workdir)
+    elif source == 'cove' and not f.to and f.input and f.workdir:
+      import convert_cove  # pylint: disable=g-import-not-at-top (it imports this module)
+      summary = convert_cove.convert(f.input, f.workdir, f.glove, lower_case)
+    elif source and not f.to and f.input and f.workdir:
       summary = convert(source, f.input, f.workdir, lower_case)
     elif f.to and not source and f.workdir and f.output:
       summary = export_hf(f.workdir, f.output)
     else:
-      raise ValueError('pass --from=hf|tf --input=DIR --workdir=DIR, or --to=hf --workdir=DIR '
+      raise ValueError('pass --from=hf|tf|bilm --input=DIR --workdir=DIR, --from=cove '
+                       '--input=FILE.pth --glove=FILE --workdir=DIR, or --to=hf --workdir=DIR '
                        '--output=DIR.')
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'convert_checkpoint.py: error: {e}')
@@ -477,10 +492,14 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.DEFINE_enum('from', None, ('hf', 'tf'), 'Convert a checkpoint of this format.')
+  flags.DEFINE_enum('from', None, ('hf', 'tf', 'bilm', 'cove'), 'Convert a checkpoint of this '
+                    "format (bilm: an ELMo options.json and weights.hdf5; cove: salesforce/cove's "
+                    'wmtlstm-*.pth).')
   flags.DEFINE_enum('to', None, ('hf',), 'Export a BERT workdir to this format.')
-  flags.DEFINE_string('input', None, 'Directory of the checkpoint to convert.')
+  flags.DEFINE_string('input', None, 'Directory of the checkpoint to convert (CoVe: its .pth).')
   flags.DEFINE_string('workdir', None, 'Our workdir: written by --from, read by --to.')
   flags.DEFINE_string('output', None, 'Directory to write with --to.')
   flags.DEFINE_enum('lower_case', None, ('true', 'false'), 'Casing of the vocabulary (overrides).')
+  flags.DEFINE_string('glove', None, 'CoVe: the GloVe text file the MT-LSTM reads '
+                      '(glove.840B.300d.txt).')
   app.run(main, flags_parser=cli.parse_flags)

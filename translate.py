@@ -29,6 +29,10 @@ def main(argv):
   try:
     config, model, params, tokenizer = load_trained(f.workdir, ('transformer', 'cove'),
                                                     'translate.py')
+    if config.get('untrained_params'):  # convert_checkpoint.py --from=cove: no decoder released
+      raise ValueError(f'{f.workdir} has an untrained {", ".join(config.untrained_params)} '
+                       f'(converted from {config.get("converted_from")}): translate with a '
+                       'trained translation run.')
     with open(f.input, encoding='utf-8') as source_file:
       sentences = [line.strip() for line in source_file]
     d = config.decode

@@ -103,10 +103,11 @@ PRETRAINED_SIZE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads'
                           'layer_norm_eps')
 
 
-def take_sizes_from_init(config: ml_collections.ConfigDict) -> None:
+def take_sizes_from_init(config: ml_collections.ConfigDict,
+                         fields: tuple[str, ...] = PRETRAINED_SIZE_FIELDS) -> None:
   """Leaves the pretrained model's sizes and data.lower_case unset (None, typed, so the command
   line can still set them); train.py fills them from config.init_from before any check."""
-  for field in PRETRAINED_SIZE_FIELDS:
+  for field in fields:
     if field in config.model:
       value = config.model[field]
       config.model[field] = ml_collections.FieldReference(None, field_type=type(value))

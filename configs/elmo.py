@@ -45,6 +45,8 @@ def model_config(v: dict) -> ml_collections.ConfigDict:
   model.num_layers = 2
   model.cell_clip = 3.0
   model.proj_clip = 3.0
+  model.skip_connections = True  # residual around the LSTM layers after the first
+  model.char_activation = 'relu'
   model.dropout_rate = 0.1
   model.num_sampled = v['num_sampled']  # sampled softmax classes in training; 0 = full softmax
   model.sample_unique = True  # sample without replacement, as TF's sampled_softmax_loss

@@ -8,9 +8,12 @@
     python train.py --config=configs/elmo_tagger.py:offline_replaced,tiny \
         --config.model.use_elmo=False --workdir=runs/tiny_replaced_baseline
 
-The argument is `task[,size]`; size (tiny, small, base; default base) must be
-the one the biLM in init_from was trained with. The word vocabulary comes
-from the init_from workdir. Tasks: see input_pipeline/tagging.py TASKS.
+The argument is `task[,size]`. Without a size the biLM's sizes come from
+init_from (a configs/elmo.py run, or a release converted by
+`convert_checkpoint.py --from=bilm`) and the task model is base's; a size
+(tiny, small, base) must be the one the biLM in init_from was trained with.
+The word vocabulary comes from the init_from workdir. Tasks: see
+input_pipeline/tagging.py TASKS.
 """
 
 import ml_collections
@@ -30,18 +33,21 @@ TASK_MODEL = {
     'small': dict(word_dim=50, task_lstm_dim=200, task_num_layers=2),
     'base': dict(word_dim=50, task_lstm_dim=200, task_num_layers=2),
 }
+# The biLM's fields taken from config.init_from when no size is given.
+BILM_SIZE_FIELDS = ('vocab_size', 'char_dim', 'max_characters_per_token', 'filters', 'num_highway',
+                    'projection_dim', 'lstm_dim', 'num_layers', 'cell_clip', 'proj_clip',
+                    'skip_connections', 'char_activation')
 # Longest sentence in tokens, <S> and </S> included (CoNLL-2003's longest has 124 words).
 MAX_SEQ_LENGTH = {'conll2003': 128, 'offline_replaced': 32}
 
 
 def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:
   task, _, size = arg.partition(',')
-  size = size or 'base'
-  if size not in elmo.VARIANTS:
+  if size and size not in elmo.VARIANTS:
     raise ValueError(f'Unknown size {size!r}: use one of {", ".join(elmo.VARIANTS)}, the size of '
-                     'the biLM in init_from.')
+                     'the biLM in init_from, or none to take its sizes from init_from.')
   spec = tagging.task_spec(task)
-  v = elmo.VARIANTS[size]
+  v = elmo.VARIANTS[size or 'base']
 
   config = ml_collections.ConfigDict()
   config.model_name = 'elmo_tagger'
@@ -59,7 +65,7 @@ def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:
   config.model.elmo_layer = -1  # >= 0: gamma * that biLM layer alone (0 = char-CNN tokens)
   config.model.elmo_layer_norm = False
   config.model.elmo_dropout_rate = 0.5
-  for field, value in TASK_MODEL[size].items():
+  for field, value in TASK_MODEL[size or 'base'].items():
     config.model[field] = value
   config.model.task_dropout_rate = 0.5
 
@@ -86,6 +92,9 @@ def get_config(arg: str = 'offline_replaced') -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = 5.0
   config.optimizer.frozen = ('bilm',)  # the biLM's weights are fixed (sec. 3.3)
 
+  if not size:  # the biLM's sizes, filled in from config.init_from by train.py
+    common.take_sizes_from_init(config, BILM_SIZE_FIELDS)
+    config.data.max_characters_per_token = config.model.get_ref('max_characters_per_token')
   num_steps = -(-EPOCHS.get(task, 10) * spec.train_examples(config.data) // BATCH_SIZE)
   config.train = common.finetuning_schedule(BATCH_SIZE, num_steps)
   common.set_mesh_and_rules(config)

@@ -46,6 +46,9 @@ class Config:
   num_layers: int = 2
   cell_clip: float = 3.0
   proj_clip: float = 3.0
+  # bilm-tf's options.json use_skip_connections: a residual around each LSTM layer after the first.
+  skip_connections: bool = True
+  char_activation: str = 'relu'  # of the char CNN's pooled filters (bilm-tf: relu or tanh)
   dropout_rate: float = 0.1
   num_sampled: int = 8192  # 0 = full softmax in training too
   sample_unique: bool = True  # sampling without replacement (TF's default)
@@ -84,7 +87,8 @@ class BiLM(nn.Module):
   Returns 'token_BLD' and, per direction, every layer's (B, L, D) output
   ('forward', 'backward'); all are zeros at t >= length. Each LSTM layer's
   input gets dropout in training; from the second layer on its output adds
-  that (dropped-out) input back, as bilm-tf's DropoutWrapper(ResidualWrapper).
+  that (dropped-out) input back, as bilm-tf's DropoutWrapper(ResidualWrapper)
+  (unless skip_connections is off).
   """
   config: Config
 
@@ -92,7 +96,7 @@ class BiLM(nn.Module):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     self.char_cnn = CharCNN(NUM_CHARS, cfg.char_dim, cfg.filters, cfg.num_highway,
-                            cfg.projection_dim, 'relu', dtype)
+                            cfg.projection_dim, cfg.char_activation, dtype)
     # bilm-tf projects only when the cells are wider than the output.
     projection = 0 if cfg.lstm_dim == cfg.projection_dim else cfg.projection_dim
     lstm = functools.partial(LSTM, cfg.lstm_dim, projection, cfg.cell_clip, cfg.proj_clip,
@@ -125,7 +129,7 @@ class BiLM(nn.Module):
       for i, lstm in enumerate(lstms):
         x_BLD = self.dropout(x_BLD, deterministic=deterministic)
         h_BLD = lstm(x_BLD, lengths_B)
-        x_BLD = h_BLD + x_BLD if i else h_BLD
+        x_BLD = h_BLD + x_BLD if i and self.config.skip_connections else h_BLD
         x_BLD = nn.with_logical_constraint(x_BLD, ('batch', 'length', 'act_embed'))
         outputs.append(x_BLD)
       return tuple(outputs)

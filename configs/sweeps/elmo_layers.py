@@ -3,22 +3,38 @@
 better, the second semantics (word sense)).
 
     python sweep.py --sweep=configs/sweeps/elmo_layers.py --workdir=runs/sweep_elmo
+    python sweep.py --sweep=configs/sweeps/elmo_layers.py:runs/elmo_released --workdir=...
 
-One biLM per seed (configs/elmo.py), then the tagger (configs/elmo_tagger.py) on two offline
-tasks from the embedded corpus: offline_capitalized, the syntax-like one (which words are
-written capitalized: names, the word's own form and its neighbours), and offline_replaced,
-the semantics-like one (which words were swapped for another word of the corpus: only the
-sentence's meaning tells). Layer 0 is the char-CNN's context-free token layer.
+The argument is a size of configs/elmo.py (tiny by default): one biLM per seed, then the
+tagger (configs/elmo_tagger.py) on two offline tasks from the embedded corpus:
+offline_capitalized, the syntax-like one (which words are written capitalized: names, the
+word's own form and its neighbours), and offline_replaced, the semantics-like one (which words
+were swapped for another word of the corpus: only the sentence's meaning tells). Or it is the
+workdir of a biLM, such as a released one converted by `convert_checkpoint.py --from=bilm`:
+then the taggers start from it, with its sizes, and no biLM is trained. Layer 0 is the
+char-CNN's context-free token layer.
 """
+
+import os
+
+SIZES = ('tiny', 'small', 'base')  # configs/elmo.py VARIANTS
 
 
 def get_sweep(arg: str = 'tiny'):
   size = arg or 'tiny'
   tiny = size == 'tiny'
-  return dict(
-      stages=(('bilm', f'configs/elmo.py:{size}', {'train.num_steps': 600} if tiny else {}),
+  if size in SIZES:
+    stages = (('bilm', f'configs/elmo.py:{size}', {'train.num_steps': 600} if tiny else {}),
               ('tagger', f'configs/elmo_tagger.py:offline_replaced,{size}',
-               {'train.num_steps': 300} if tiny else {})),
+               {'train.num_steps': 300} if tiny else {}))
+  elif os.path.isdir(arg):
+    stages = (('tagger', 'configs/elmo_tagger.py:offline_replaced', {'init_from': arg}),)
+  else:
+    raise ValueError(f'configs/sweeps/elmo_layers.py:{arg}: not a size ({", ".join(SIZES)}) '
+                     'nor a directory; pass a size or the workdir of a biLM (a configs/elmo.py '
+                     'run or convert_checkpoint.py --from=bilm).')
+  return dict(
+      stages=stages,
       variants=(('scalar mix', {}),
                 ('top layer', {'tagger.model.elmo_top_only': True}),
                 ('layer 0 (tokens)', {'tagger.model.elmo_layer': 0}),
