@@ -195,7 +195,7 @@ def validate(data_cfg: ml_collections.ConfigDict) -> Task:
     raise ValueError(f'data.max_seq_length={length} leaves no room for {task.min_words} '
                      f'word(s) of task {data_cfg.task!r} between <S> and </S>: use '
                      f'{task.min_words + 2} or more.')
-  if width < 3:
+  if width is not None and width < 3:  # None: from config.init_from, filled in before training
     raise ValueError(f'data.max_characters_per_token={width} leaves no room for a character '
                      'between the word markers: use 3 or more (ELMo uses 50).')
   return task

@@ -220,6 +220,8 @@ RANGES: dict[str, Any] = {
     'model.dtype': OneOf(lambda: ('auto', 'float32', 'bfloat16', 'float16'), 'a compute dtype'),
     'model.attention': OneOf(_constant('models.layers', 'ATTENTION_KERNELS'), 'an attention'),
     'model.positions': OneOf(_constant('models.transformer', 'POSITIONS'), 'a position kind'),
+    'model.char_activation': OneOf(_constant('models.char_cnn', 'ACTIVATIONS'),
+                                   'a char CNN activation'),
     'model.feature_layers': OneOf(_constant('models.bert_feature_tagger', 'FEATURE_LAYERS'),
                                   'a combination of layers'),
     'model.head': OneOf(_constant('models.bert', 'HEADS'), 'a head'),
