@@ -6,19 +6,47 @@ parity and end-to-end tests compile the same train and eval steps many times
 (the exact-resume tests took a third of the time with it). Likewise one data
 directory (the `shared_data_dir` fixture) holds the embedded corpus and the
 learned vocabularies for every test that does not test their building.
+
+The tests' CPU programs are compiled for compile speed, not run speed: LLVM
+without optimization and XLA's elemental emitters instead of its MLIR fusion
+emitters (FAST_COMPILE). The same HLO, the same floating-point semantics (no
+fast math either way); only the machine code differs, and the tests' steps are
+tiny, so compiling is most of their time (the fast tier: 7m03s -> 4m15s on a
+2-core Xeon; docs/testing.md). They are XLA flags of the pinned jaxlib, and XLA
+stops a process on a flag it does not know, so under another jaxlib the tests
+compile with XLA's defaults. The subprocesses that set XLA_FLAGS themselves
+(train.py and the notebooks end to end, in the slow tier) compile with the defaults,
+as users' runs do.
 """
 
+from importlib import metadata
 import os
+import re
 import shutil
 import sys
 import tempfile
 
 import pytest
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=8').strip()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+
+
+def _pinned_jaxlib() -> bool:
+  """Whether the installed jaxlib is requirements.txt's, whose XLA knows FAST_COMPILE's flags."""
+  with open(os.path.join(ROOT, 'requirements.txt')) as f:
+    pinned = re.search(r'^jaxlib==(\S+)', f.read(), re.M)
+  try:
+    return bool(pinned) and metadata.version('jaxlib') == pinned.group(1)
+  except metadata.PackageNotFoundError:
+    return False
+
+
+os.environ['XLA_FLAGS'] = ' '.join(
+    [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
+     FAST_COMPILE if _pinned_jaxlib() else '']).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 
 from trainer import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 
