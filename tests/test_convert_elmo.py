@@ -115,6 +115,27 @@ def test_the_tagger_and_the_sweep_start_from_the_converted_workdir(converted, tm
   assert (config.model.num_layers, config.model.skip_connections, config.model.char_activation,
           tuple(map(tuple, config.model.filters)), config.data.max_characters_per_token) == (
               3, False, 'tanh', ((1, 3), (2, 5)), 16)
+  # A tagger whose biLM computes otherwise is refused, the fields added for the conversion too;
+  # a run saved before they were added computed a residual over relu.
+  for field, other in (('skip_connections', True), ('char_activation', 'relu')):
+    wrong = config.copy_and_resolve_references()
+    wrong.model[field] = other
+    with pytest.raises(ValueError, match=rf'config.model.{field}={other} but the run in '
+                       rf'config.init_from has model.{field}=(False|tanh)'):
+      trainer.checks.check_init_from(wrong)
+  older = tmp_path / 'older'
+  shutil.copytree(converted['residual'], older)
+  with open(older / 'config.json') as f:
+    saved = json.load(f)
+  assert (saved['model'].pop('skip_connections'), saved['model'].pop('char_activation')) == (
+      True, 'relu')
+  with open(older / 'config.json', 'w') as f:
+    json.dump(saved, f)
+  residual = elmo_tagger_configs.get_config('offline_replaced')
+  residual.init_from = str(older)
+  trainer.checks.inherit_unset_fields(residual, str(tmp_path / 'run_older'))
+  trainer.checks.check_init_from(residual)
+  assert (residual.model.skip_connections, residual.model.char_activation) == (True, 'relu')
   model = elmo_tagger.Model(trainer.checks.model_config(config))
   W = config.data.max_characters_per_token
   batch = {'token_ids': np.zeros((1, 4), np.int32), 'char_ids': np.ones((1, 4, W), np.int32),

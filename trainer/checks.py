@@ -141,7 +141,10 @@ def validate(config, mesh, num_hosts: int | None = None) -> None:
 _SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
                  'max_position_embeddings', 'type_vocab_size', 'scan_layers',
                  'char_dim', 'max_characters_per_token', 'filters', 'num_highway',
-                 'projection_dim', 'lstm_dim', 'cell_clip', 'proj_clip')
+                 'projection_dim', 'lstm_dim', 'cell_clip', 'proj_clip', 'skip_connections',
+                 'char_activation')
+# What a run saved before a field was added computed (ELMo's residual and char activation).
+_SHAPE_FIELD_DEFAULTS = {'skip_connections': True, 'char_activation': 'relu'}
 
 
 def _as_json(value: Any) -> Any:
@@ -287,10 +290,11 @@ def inherit_unset_fields(config, workdir: str | None) -> None:
     raise ValueError(f'config.{part}.{field} is unset and taken from the pretrained run: set '
                      '--config.init_from to its workdir (or pick a size: <task>,<size>).')
   for part, field in unset:
-    if (saved or {}).get(part, {}).get(field) is None:
+    value = (saved or {}).get(part, {}).get(field, _SHAPE_FIELD_DEFAULTS.get(field))
+    if value is None:
       raise ValueError(f'{os.path.join(source, "config.json")} has no {part}.{field}: set '
                        f'--config.{part}.{field}.')
-    config[part][field] = saved[part][field]
+    config[part][field] = value
 
 
 def check_init_from(config) -> None:
@@ -304,7 +308,7 @@ def check_init_from(config) -> None:
   fields = ([('model', f, theirs) for f, theirs in model_fields.items() if f in config.model] +
             [('data', f, f) for f in ('tokenizer', 'lower_case') if f in config.data])
   for part, field, their_field in fields:
-    theirs = saved[part].get(their_field)
+    theirs = saved[part].get(their_field, _SHAPE_FIELD_DEFAULTS.get(their_field))
     if theirs != _as_json(config[part][field]):
       raise ValueError(f'config.{part}.{field}={config[part][field]} but the run in '
                        f'config.init_from has {part}.{their_field}={theirs}: pick the size it '
