@@ -205,14 +205,20 @@ def gelu(x: Array, approximate: bool = False) -> Array:
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
+def column_sum(g_NV: Array) -> Array:
+  """g.sum(axis=0); on a CPU as the matrix-vector product ones(N) @ g.
+
+  XLA's CPU column sum of a wide (N, V) array reads it column by column:
+  70 ms for BERT's 640 x 30522 MLM logits' gradient, against 2 ms as the
+  product. Other platforms keep the sum.
+  """
+  return jax.lax.platform_dependent(
+      g_NV, cpu=lambda g: jnp.ones(g.shape[:1], g.dtype) @ g, default=lambda g: g.sum(axis=0))
+
+
 @jax.custom_vjp
 def add_bias(x_XV: Array, bias_V: Array) -> Array:
-  """x + bias over the last axis; on a CPU the bias gradient is a matrix-vector product.
-
-  XLA's CPU column sum of a wide (N, V) gradient reads it column by column:
-  70 ms for BERT's 640 x 30522 MLM logits, against 2 ms as ones(N) @ g.
-  Other platforms keep the sum.
-  """
+  """x + bias over the last axis, whose bias gradient is a column_sum."""
   return x_XV + bias_V
 
 
@@ -224,9 +230,7 @@ def _add_bias_forward(x_XV, bias_V):
 def _add_bias_backward(dtypes, g_XV):
   dtypes = [d.dtype for d in dtypes]
   g_NV = g_XV.reshape(-1, g_XV.shape[-1]).astype(dtypes[1])
-  g_V = jax.lax.platform_dependent(
-      g_NV, cpu=lambda g: jnp.ones(g.shape[:1], g.dtype) @ g, default=lambda g: g.sum(axis=0))
-  return g_XV.astype(dtypes[0]), g_V
+  return g_XV.astype(dtypes[0]), column_sum(g_NV)
 
 
 add_bias.defvjp(_add_bias_forward, _add_bias_backward)

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import layers
+
 Array = jax.Array
 
 
@@ -163,13 +165,6 @@ def _chunk_stats(logits_RV, target_R, targets_R):
   return lse_R - target_R, (~beaten_R).astype(jnp.float32), lse_R
 
 
-def _column_sum(g_RV: Array) -> Array:
-  # XLA's CPU column sum reads a wide array column by column: a matrix-vector product on a CPU
-  # (as models.layers.add_bias does).
-  return jax.lax.platform_dependent(
-      g_RV, cpu=lambda g: jnp.ones(g.shape[:1], g.dtype) @ g, default=lambda g: g.sum(axis=0))
-
-
 def _over_chunks(chunk, carry, xs):
   """jax.lax.scan(chunk, carry, xs), without the loop where there is one chunk (smaller
   programs: the models' small configs and the tests compile faster)."""
@@ -211,7 +206,7 @@ def _output_layer_forward(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR
     g_RV = jnp.where(counted_R[:, None], weights_R[:, None] * (
         jnp.exp(logits_RV - lse_R[:, None]) - (targets_R[:, None] == classes_V)), 0.0)
     dtable_VD, dbias_V = grads
-    dbias_V = None if dbias_V is None else dbias_V + _column_sum(g_RV)
+    dbias_V = None if dbias_V is None else dbias_V + layers.column_sum(g_RV)
     g_RV = g_RV.astype(x_RD.dtype)  # the logits' gradient in the compute dtype, as autodiff's
     dtable_VD = dtable_VD + jnp.matmul(g_RV.T, x_RD, preferred_element_type=jnp.float32)
     dx_RD = jnp.matmul(g_RV, table_VD, preferred_element_type=jnp.float32).astype(x_RD.dtype)
