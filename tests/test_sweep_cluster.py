@@ -71,21 +71,22 @@ def sweep_file(tmp_path_factory, shared_data_dir):
 
 
 @pytest.fixture(scope='module')
-def one_at_a_time(sweep_file, tmp_path_factory):
+def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
   workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
   subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
-                 capture_output=True, text=True)
+                 capture_output=True, text=True, env=default_compile_env)
   finals = _finals(workdir)
   assert len(finals) == 4 and all(results for _, results in finals.values())
   return finals
 
 
 def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
-    sweep_file, one_at_a_time, tmp_path):
+    sweep_file, one_at_a_time, tmp_path, default_compile_env):
   workdir = str(tmp_path / 'w')
   process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
                                     '--parallel=2'),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=default_compile_env)
   logs = [os.path.join(workdir, 'logs', name) for name in
           ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
   deadline = time.time() + 300
@@ -103,7 +104,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
     assert 100 <= max(stopped_at) < 4000
 
   again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=default_compile_env)
   assert again.returncode == 0, again.stdout + again.stderr
   assert again.stdout.startswith('4 runs, up to 2 at once: slice 1/2 (cores ')
   assert 'running on slice 1/2' in again.stdout and 'running on slice 2/2' in again.stdout
@@ -120,7 +121,7 @@ def _free_port():
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path):
+def slurm_cluster(tmp_path, default_compile_env):
   """A one-node SLURM cluster of this machine; yields its environment (SLURM_CONF)."""
   if not shutil.which('slurmctld'):
     if os.geteuid() != 0 or not shutil.which('apt-get'):
@@ -163,7 +164,7 @@ def slurm_cluster(tmp_path):
       'SchedulerParameters=sched_interval=2,bf_interval=2',
       f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
       'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
-  env = dict(os.environ, SLURM_CONF=str(conf))
+  env = dict(default_compile_env, SLURM_CONF=str(conf))  # the jobs train as users' runs do
   subprocess.run(['slurmctld', '-i'], check=True, env=env)
   subprocess.run(['slurmd'], check=True, env=env)
   deadline = time.time() + 60
