@@ -14,9 +14,10 @@ fast math either way); only the machine code differs, and the tests' steps are
 tiny, so compiling is most of their time (the fast tier: 7m03s -> 4m15s on a
 2-core Xeon; docs/testing.md). They are XLA flags of the pinned jaxlib, and XLA
 stops a process on a flag it does not know, so under another jaxlib the tests
-compile with XLA's defaults. The subprocesses that set XLA_FLAGS themselves
-(train.py and the notebooks end to end, in the slow tier) compile with the defaults,
-as users' runs do.
+compile with XLA's defaults. Programs that train for minutes compile with the
+defaults, as users' runs do: the subprocesses that set XLA_FLAGS themselves
+(train.py and the notebooks end to end, in the slow tier) and those started with
+the `default_compile_env` fixture (test_sweep_cluster's 4,000-step sweeps).
 """
 
 import collections
@@ -112,7 +113,8 @@ def pytest_collection_modifyitems(items):
   tiers = collections.defaultdict(set)
   for item in items:
     tiers[item.path.name].add(1 if item.get_closest_marker('slow') else 0)
-  seconds = {name: sum(FILE_SECONDS.get(name, (0, 0))[t] for t in ts) for name, ts in tiers.items()}
+  seconds = {name: sum(FILE_SECONDS.get(name, (0, 0))[t] for t in ts)
+             for name, ts in tiers.items()}
   items.sort(key=lambda item: -seconds[item.path.name])  # stable: the tests' order within a file
 
 
