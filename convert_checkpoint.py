@@ -242,6 +242,12 @@ def model_init(config):
       model.init(jax.random.key(config.seed), example, deterministic=True)['params']), sep='/')
 
 
+def fresh_params(init, paths) -> dict[str, np.ndarray]:
+  """The parameters at `paths` as `init` (model_init's) makes them: one jitted init, traced
+  once, returning only those."""
+  return jax.device_get(jax.jit(lambda: (lambda made: {p: made[p] for p in paths})(init()))())
+
+
 def read_hf_tensors(input_dir: str) -> tuple[dict[str, np.ndarray], str]:
   """The tensors of an HF model directory (safetensors, sharded safetensors or torch)."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
@@ -388,7 +394,7 @@ def convert(fmt: str, input_dir: str, workdir: str, lower_case: bool | None = No
   params, fresh = to_params(tensors, jax.eval_shape(init), names, source,
                             optional='cls.' if fmt == 'hf' and family == 'bert' else '')
   if fresh:  # jitted, and only these: initializing every parameter compiles for long on CPUs
-    params |= jax.device_get(jax.jit(lambda: {path: init()[path] for path in fresh})())
+    params |= fresh_params(init, fresh)
   write_workdir(workdir, config, traverse_util.unflatten_dict(params, sep='/'), vocab_file)
   return (f'Converted {source} ({family}, {config.model.num_layers} layers, '
           f'{config.model.hidden_size} wide, lower_case={lower_case}) into {workdir}.'

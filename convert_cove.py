@@ -190,8 +190,8 @@ def convert(input_path: str, workdir: str, glove_file: str,
   if unmapped:
     raise ValueError(f'convert_cove.py maps nothing to our {unmapped[0]}: add it to the '
                      'CoVe tables.')
-  # Jitted, and only these, with init traced once: the decoder as models/cove.py initializes it.
-  params |= jax.device_get(jax.jit(lambda: (lambda made: {p: made[p] for p in fresh})(init()))())
+  # The decoder as models/cove.py initializes it.
+  params |= convert_checkpoint.fresh_params(init, fresh)
   os.makedirs(workdir, exist_ok=True)
   tokenizer_lib.write_lines_atomically([*words_lib.SPECIAL_WORDS, *words],
                                        os.path.join(workdir, words_lib.WordVocab.FILE_NAME))

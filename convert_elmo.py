@@ -266,7 +266,7 @@ def convert(input_dir: str, workdir: str) -> str:
   if wrong or any(not p.startswith('softmax/') for p in fresh):
     raise ValueError(f'convert_elmo.py maps {(wrong or fresh)[0]} wrongly for our models/elmo.py: '
                      'fix its layout table.')
-  params |= jax.device_get(jax.jit(lambda: (lambda made: {p: made[p] for p in fresh})(init()))())
+  params |= convert_checkpoint.fresh_params(init, fresh)
   os.makedirs(workdir, exist_ok=True)
   vocab_file = tokenizer_lib.write_lines_atomically(
       words, os.path.join(workdir, words_lib.WordVocab.FILE_NAME))
