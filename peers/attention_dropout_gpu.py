@@ -16,7 +16,8 @@ call site run twice forward and backward) and a rematerialized call (jax.checkpo
 
 curve: train.py's step of the config (trainer.state.build, seed 0) run STEPS steps on bench.py's
 synthetic batch; the loss of every step and the seconds per step (steps 20 to STEPS, run ahead as
-train.py runs them).
+train.py runs them), with progress lines (the compile's seconds, the first step's loss, the seconds
+every 50 steps) before the last line, so that a run its deadline stops still shows where it was.
 """
 
 import collections
@@ -166,7 +167,10 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
     start = time.perf_counter()
     compiled = step_fn.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - start
+    # Progress lines, so that a run cut by its deadline still shows where its time went.
+    print(json.dumps({'compile_seconds': round(compile_seconds, 1)}), flush=True)
     losses, in_flight = [], collections.deque()
+    started = time.perf_counter()
     for step in range(steps):
       if step == 20:
         jax.block_until_ready(state)
@@ -175,6 +179,12 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
       losses.append(metrics['loss'])
       in_flight.append(metrics)
       trainer.loop.wait_for_room(in_flight)
+      if step == 0:  # the first step waited for, the others not (the timed ones run ahead)
+        print(json.dumps({'step': 1, 'loss': float(np.divide(*jax.device_get(metrics['loss']))),
+                          'seconds': round(time.perf_counter() - started, 2)}), flush=True)
+      elif (step + 1) % 50 == 0:
+        print(json.dumps({'step': step + 1, 'seconds': round(time.perf_counter() - started, 2)}),
+              flush=True)
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - start) / (steps - 20)
   losses = [float(np.divide(*pair)) for pair in jax.device_get(losses)]
