@@ -19,10 +19,13 @@ def free_port():
 
 def run_hosts(workdir, data_dir, files, stop_after, hosts=2, interrupts=()):
   """Runs the worker as `hosts` processes of 4 // hosts CPU devices each; their RESULT lines.
-  `interrupts`: per host, the step after which it gets a Ctrl-C (0: none)."""
+  `interrupts`: per host, the step after which it gets a Ctrl-C (0: none). The processes keep
+  the tests' compile flags (conftest's FAST_COMPILE): they run 2-4 steps, so they mostly compile."""
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={4 // hosts}',
-             JAX_PLATFORMS='cpu')
+  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if not f.startswith('--xla_force_host_platform_device_count=')]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
+      [f'--xla_force_host_platform_device_count={4 // hosts}'] + flags))
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multihost_worker.py'), str(port),
                              str(i), str(hosts), workdir, data_dir, files, str(stop_after)]
                             + ([str(interrupts[i])] if interrupts else []),
