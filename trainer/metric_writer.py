@@ -9,6 +9,7 @@ metrics.jsonl needs a writer of its own either way.
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -45,6 +46,22 @@ def _drop_unfinished_line(path: str) -> None:
       f.truncate(data.rfind(b'\n') + 1)
 
 
+def _summary_writer(directory: str):
+  """tensorboardX's SummaryWriter, imported without torch. Its writer module imports torch
+  wherever torch is installed, only to accept torch tensors, which this writer never passes
+  (floats only): 1.3 s of every run's start and torch's memory here. A process that has
+  imported torch already keeps it."""
+  blocked = 'torch' not in sys.modules
+  if blocked:
+    sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if blocked:
+      del sys.modules['torch']
+  return SummaryWriter(directory)
+
+
 class MetricWriter:
   """One JSON object per logged step; TensorBoard scalars; one console line."""
 
@@ -57,8 +74,7 @@ class MetricWriter:
       path = os.path.join(workdir, 'metrics.jsonl')
       _drop_unfinished_line(path)
       self._jsonl = open(path, 'a', encoding='utf-8')
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._tb = _summary_writer(os.path.join(workdir, 'tensorboard'))
 
   def write(self, step: int, metrics: dict[str, float], *, prefix: str = '',
             steps_per_sec: float | None = None, fields: dict[str, int] | None = None) -> None:
