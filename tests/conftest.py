@@ -16,8 +16,9 @@ tiny, so compiling is most of their time (the fast tier: 7m03s -> 4m15s on a
 stops a process on a flag it does not know, so under another jaxlib the tests
 compile with XLA's defaults. Programs that train for minutes compile with the
 defaults, as users' runs do: the subprocesses that set XLA_FLAGS themselves
-(train.py and the notebooks end to end, in the slow tier) and those started with
-the `default_compile_env` fixture (test_sweep_cluster's 4,000-step sweeps).
+(train.py and the notebooks end to end, in the slow tier; test_multihost's 2-4-step
+hosts keep FAST_COMPILE) and those started with the `default_compile_env` fixture
+(test_sweep_cluster's 4,000-step sweeps).
 """
 
 import collections
