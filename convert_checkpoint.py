@@ -245,7 +245,10 @@ def model_init(config):
 def fresh_params(init, paths) -> dict[str, np.ndarray]:
   """The parameters at `paths` as `init` (model_init's) makes them: one jitted init, traced
   once, returning only those."""
-  return jax.device_get(jax.jit(lambda: (lambda made: {p: made[p] for p in paths})(init()))())
+  def made():
+    params = init()
+    return {path: params[path] for path in paths}
+  return jax.device_get(jax.jit(made)())
 
 
 def read_hf_tensors(input_dir: str) -> tuple[dict[str, np.ndarray], str]:

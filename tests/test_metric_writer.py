@@ -1,13 +1,11 @@
 """The metric writer's start: tensorboardX's writer imports torch wherever it is installed (1.3 s
-of every run's start on this machine); the writer imports tensorboardX without it."""
+of every run's start on this machine); the writer imports tensorboardX without it. Where torch is
+not installed the test still checks the event file and that `import torch` is not left blocked."""
 
 import glob
-import importlib.util
 import os
 import subprocess
 import sys
-
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +19,6 @@ print(sys.modules.get('torch', 'absent'))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec('torch') is None, reason='torch is not installed')
 def test_the_writer_writes_its_event_file_without_importing_torch(tmp_path):
   result = subprocess.run([sys.executable, '-c', _WRITE, str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, check=False)
