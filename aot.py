@@ -377,7 +377,9 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'dtype': model_cfg.dtype, 'attention': getattr(model_cfg, 'attention', 'xla'),
       'pallas_kernels': hlo_text.count('custom_call_target="tpu_custom_call"'),
       'cudnn_attention_calls': hlo_text.count('custom_call_target="__cudnn$fmha'),
-      'compiler_options': steps.compiler_options(mesh) or {},
+      # The train step's (with cuDNN's attention dropout, CUDNN_DROPOUT_OPTIONS too).
+      'compiler_options': steps.compiler_options(
+          mesh, steps.runs_cudnn_dropout(model_cfg)) or {},
       'scan_layers': bool(config.model.get('scan_layers', False)),
       'remat': bool(config.model.get('remat', False)),
       'batch_size': batch_size, 'per_device_batch': batch_size // dp,

@@ -1,10 +1,16 @@
 """On an NVIDIA GPU: cuDNN's fused attention with dropout (model.attention=cudnn) against the kernel's
 own forward masks and against XLA's attention in whole training runs. Prints JSON lines.
 
-    export XLA_FLAGS=--xla_gpu_enable_command_buffer=-CUDNN  # else XLA aborts (jax 0.11.2)
     python peers/attention_dropout_gpu.py kernel
+    python peers/attention_dropout_gpu.py rates
+    python peers/attention_dropout_gpu.py options compile|environ|none
     python peers/attention_dropout_gpu.py curve configs/bert_base.py:base 200 \
-        --config.train.batch_size=256 --config.model.attention=cudnn
+        --config.train.batch_size=256 --config.model.attention=cudnn [--step_seed=1]
+
+Inside CUDA graphs (command buffers) cuDNN's dropout aborted the process on an H200 (jax
+0.11.2). The train step's compile keeps cuDNN out of them (trainer.steps.CUDNN_DROPOUT_OPTIONS),
+as do `rates` and `options compile`; `kernel` sets XLA_FLAGS to the same effect before its
+first compile; `options none` shows the abort.
 
 kernel: with the values the identity (v[b, s, h] = e_s), the kernel's output is its dropped
 attention probabilities, so each call shows its mask. Checked: the dropout rate and the kept
@@ -14,8 +20,12 @@ backward pass used the forward pass's mask: the output and the gradients of q, k
 XLA's attention given the mask the forward showed, for a lone call, two calls under lax.scan (one
 call site run twice forward and backward) and a rematerialized call (jax.checkpoint).
 
+rates: 16 seeds' masks (_rates). options: one forward and backward, cuDNN kept out of CUDA
+graphs by the per-compile option, by XLA_FLAGS set in the process, or not at all.
+
 curve: train.py's step of the config (trainer.state.build, seed 0) run STEPS steps on bench.py's
-synthetic batch; the loss of every step and the seconds per step (steps 20 to STEPS, run ahead as
+synthetic batch (--step_seed=N: the step's dropout RNG from seed N, the weights still from
+seed 0); the loss of every step and the seconds per step (steps 20 to STEPS, run ahead as
 train.py runs them), with progress lines (the compile's seconds, the first step's loss, the seconds
 every 50 steps) before the last line, so that a run its deadline stops still shows where it was.
 """
@@ -152,6 +162,10 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
   import trainer.loop  # pylint: disable=g-import-not-at-top
   import trainer.state  # pylint: disable=g-import-not-at-top
 
+  # --step_seed=N: the same initial weights (config.seed) with the step's RNG of seed N, so other
+  # dropout masks everywhere: a control for the gap between two runs that differ in their masks.
+  step_seed = [int(a.split('=', 1)[1]) for a in overrides if a.startswith('--step_seed=')]
+  overrides = [a for a in overrides if not a.startswith('--step_seed=')]
   config_flags.DEFINE_config_file('config', None, '')
   flags.FLAGS([sys.argv[0], f'--config={config_arg}'] + overrides)
   config = flags.FLAGS.config
@@ -160,6 +174,9 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
   trainer.checks.validate(config, mesh)
   model_cfg = trainer.checks.model_config(config)
   _, _, state, step_fn, _ = trainer.state.build(config, mesh)
+  if step_seed:
+    config.seed = step_seed[0]
+    _, _, _, step_fn, _ = trainer.state.build(config, mesh, materialize=False)
   local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
                                        batch_size=config.train.batch_size)
   with jax.set_mesh(mesh):
@@ -188,14 +205,75 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - start) / (steps - 20)
   losses = [float(np.divide(*pair)) for pair in jax.device_get(losses)]
-  return {'config': config_arg, 'overrides': overrides, 'attention': model_cfg.attention,
+  return {'config': config_arg, 'overrides': overrides, 'step_seed': step_seed, 'attention': model_cfg.attention,
           'dropout': model_cfg.attention_dropout_rate, 'device': jax.devices()[0].device_kind,
           'jax': jax.__version__, 'step_seconds': round(seconds, 5),
           'compile_seconds': round(compile_seconds, 1), 'losses': [round(x, 4) for x in losses]}
 
 
+def _options_probe(how: str) -> dict:
+  """One jitted forward and backward of cuDNN's attention with dropout, with cuDNN kept out of
+  CUDA graphs by `how`: 'none' (XLA's defaults: aborted on an H200), 'compile' (the per-compile
+  option of trainer.steps, no XLA_FLAGS), 'environ' (XLA_FLAGS set by this process after
+  importing jax, before its first compile). Run each in a process of its own: an abort ends it."""
+  from trainer import steps  # pylint: disable=g-import-not-at-top
+  options = None
+  if how == 'compile':
+    options = dict(steps.CUDNN_DROPOUT_OPTIONS)
+  elif how == 'environ':
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
+                               + '--xla_gpu_enable_command_buffer=-CUDNN').strip()
+  b, s, h = 4, 64, 2
+  q = jnp.zeros((b, s, h, s), jnp.bfloat16)
+  v = _identity_values(b, s, h)
+  def f(q):
+    out = layers.cudnn_dropout_attention(q, q, v, _mask(b, s, False), RATE, 3)
+    return out.astype(jnp.float32).sum(), out
+  (_, out), grad = jax.jit(jax.value_and_grad(f, has_aux=True), compiler_options=options)(q)
+  kept = np.asarray(out, np.float32) > 0
+  return {'how': how, 'options': options, 'ran': True, 'rate': float(1 - kept.mean()),
+          'grad_finite': bool(np.isfinite(np.asarray(grad, np.float32)).all())}
+
+
+def _rates() -> dict:
+  """The dropout rate of 16 seeds' masks, each over 8 x 128 queries x 4 heads x 128 keys
+  (uniform probabilities), against a binomial's spread: whether the masks' elements are drawn
+  independently at the configured rate, or share their draws (a wider spread: an H200 showed
+  twice a binomial's); and which elements of a mask agree more often than independent ones."""
+  from trainer import steps  # pylint: disable=g-import-not-at-top
+  b, s, h = 8, 128, 4
+  zeros = jnp.zeros((b, s, h, s), jnp.bfloat16)
+  v = _identity_values(b, s, h)
+  attend = jax.jit(lambda q, k, v, seed: layers.cudnn_dropout_attention(
+      q, k, v, _mask(b, s, False), RATE, seed), static_argnums=3,
+                   compiler_options=dict(steps.CUDNN_DROPOUT_OPTIONS))
+  masks = [np.asarray(attend(zeros, zeros, v, seed), np.float32) > 0 for seed in range(1, 17)]
+  rates = [float(1 - kept.mean()) for kept in masks]
+  n = b * s * h * s
+  # Where the spread comes from: how often two elements of one mask agree, by how they lie to
+  # each other (independent draws agree on (1 - rate)^2 + rate^2 = 0.82 of them).
+  kept = masks[0]  # (batch, query, head, key)
+  agree = lambda a, b: round(float((a == b).mean()), 4)  # noqa: E731
+  pairs = {f'key_k_and_k+{d}': agree(kept[..., :-d], kept[..., d:]) for d in (1, 2, 4, 8, 16)}
+  pairs.update({'query_q_and_q+1': agree(kept[:, :-1], kept[:, 1:]),
+                'head_0_and_1': agree(kept[:, :, 0], kept[:, :, 1]),
+                'batch_0_and_1': agree(kept[0], kept[1])})
+  return {'elements_per_mask': n, 'rates': [round(r, 5) for r in rates],
+          'mean': float(np.mean(rates)), 'sd_between_seeds': float(np.std(rates, ddof=1)),
+          'binomial_sd': float(np.sqrt(RATE * (1 - RATE) / n)),
+          'independent_would_agree': (1 - RATE) ** 2 + RATE ** 2, 'agreement': pairs}
+
+
 def main():
-  if sys.argv[1] == 'kernel':
+  if sys.argv[1] == 'rates':
+    print(json.dumps({'rates': _rates(), 'device': jax.devices()[0].device_kind,
+                      'jax': jax.__version__}), flush=True)
+  elif sys.argv[1] == 'options':
+    print(json.dumps({'options_probe': _options_probe(sys.argv[2]),
+                      'device': jax.devices()[0].device_kind, 'jax': jax.__version__}), flush=True)
+  elif sys.argv[1] == 'kernel':
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
+                               + '--xla_gpu_enable_command_buffer=-CUDNN').strip()
     print(json.dumps({'kernel_checks': _kernel_checks(), 'device': jax.devices()[0].device_kind,
                       'jax': jax.__version__}), flush=True)
   else:

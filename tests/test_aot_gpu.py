@@ -69,17 +69,6 @@ def test_auto_attention_per_platform_dtype_and_head_width():
     trainer.checks.model_config(config, 'tpu')
 
 
-def test_cudnn_dropout_on_a_gpu_needs_cudnn_outside_cuda_graphs(monkeypatch):
-  config = bert_base.get_config('tiny')
-  config.model.attention = 'cudnn'
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')  # running on one, not compiling
-  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
-  with pytest.raises(ValueError, match='export XLA_FLAGS="--xla_gpu_enable_command_buffer=-CUDNN"'):
-    trainer.checks.model_config(config, 'gpu')
-  monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_command_buffer=-CUDNN')
-  assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
-
-
 def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeypatch):
   """GPT with the paper's attention dropout in cuDNN's kernel (model.attention=cudnn): a forward
   and a backward call per layer, each costed by its FLOPs and bytes like any kernel, so that
@@ -89,9 +78,18 @@ def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeyp
   config = gpt_config.get_config('tiny')
   config.model.attention = 'cudnn'
   config.train.batch_size = 8
+  asked = []  # what the steps asked for: the train step with cuDNN's dropout, the eval step not
+  compiler_options = aot.steps.compiler_options
+  monkeypatch.setattr(aot.steps, 'compiler_options', lambda mesh, cudnn_dropout=False: (
+      asked.append(cudnn_dropout), compiler_options(mesh, cudnn_dropout))[1])
   report = aot.compile_step(config, 'h100:1')
+  assert asked[:2] == [True, False]
   layers_count = config.model.num_layers
   assert report['attention'] == 'cudnn' and report['cudnn_attention_calls'] == 2 * layers_count
+  # Compiled with cuDNN kept out of CUDA graphs, where its dropout aborted (an H200): no
+  # XLA_FLAGS to export.
+  assert report['compiler_options'] == {**aot.steps.GPU_COMPILER_OPTIONS,
+                                        **aot.steps.CUDNN_DROPOUT_OPTIONS}
   attention = [k for k in report['kernels_by_op'] if k['kind'] == 'attention']
   assert sum(k['count'] for k in attention) == 2 * layers_count
   L, D = config.data.max_seq_length, config.model.hidden_size

@@ -64,6 +64,20 @@ def test_options_the_compiler_knows_are_all_kept(monkeypatch):
   assert steps.compiler_options(mesh) is None
 
 
+def test_an_unknown_name_in_a_list_option_is_dropped_in_one_line(monkeypatch, capfd):
+  # CUDNN_DROPOUT_OPTIONS names kinds of XLA's command buffers; a jaxlib without one of them
+  # compiles with the others, not with none.
+  monkeypatch.setattr(steps, '_said', set())
+  mesh = sharding.make_mesh((('data', 1), ('fsdp', 1), ('tensor', 1)), jax.devices()[:1])
+  wanted = {'xla_gpu_enable_command_buffer': 'FUSION,NO_SUCH_KIND,CUBLAS'}
+  with jax.set_mesh(mesh):
+    kept = steps.accepted_options(mesh, wanted)
+    steps.accepted_options(mesh, wanted)
+  assert kept == {'xla_gpu_enable_command_buffer': 'FUSION,CUBLAS'}
+  err = capfd.readouterr().err
+  assert err.count('XLA option') == 1 and 'knows no NO_SUCH_KIND' in err, err
+
+
 @pytest.mark.slow  # a train.py run
 def test_train_py_on_a_jaxlib_that_refuses_an_option_says_so_once_and_trains(
     tmp_path, shared_data_dir):

@@ -52,12 +52,6 @@ def model_config(config, platform: str | None = None) -> Any:
   return module.Config(**fields)
 
 
-# What lets XLA run cuDNN's attention with dropout (seen with jax 0.11.2 on an H200): in CUDA
-# graphs (command buffers) the call aborted the process (cuda_dnn.cc: Check failed:
-# local_device_ordinal.has_value()), outside them it ran.
-CUDNN_DROPOUT_XLA_FLAG = '--xla_gpu_enable_command_buffer=-CUDNN'
-
-
 def _check_cudnn_dropout(fields: dict[str, Any]) -> None:
   """cuDNN's attention dropout where a GPU showed it right (docs/accelerators.md)."""
   if fields.get('scan_layers'):
@@ -65,20 +59,16 @@ def _check_cudnn_dropout(fields: dict[str, Any]) -> None:
                      "under scan the layers' backward calls draw other masks than their forward "
                      'calls did (seen on an H200); set model.scan_layers=False or use '
                      'model.attention=xla.')
-  if (jax.default_backend() == 'gpu' and
-      CUDNN_DROPOUT_XLA_FLAG not in os.environ.get('XLA_FLAGS', '').split()):
-    raise ValueError('model.attention=cudnn with attention dropout aborts inside XLA unless '
-                     f'cuDNN runs outside CUDA graphs: export XLA_FLAGS="{CUDNN_DROPOUT_XLA_FLAG}" '
-                     'before starting, or use model.attention=xla.')
 
 
 def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   """The fused kernel of the platform where it computes the same function, else XLA's.
 
   With dropout on the attention probabilities (BERT's and GPT's 0.1) XLA's: the flash kernel
-  has none, cuDNN's is opt-in (model.attention=cudnn; its masks are not the step RNG's, see
-  layers.cudnn_dropout_attention). cuDNN takes 16-bit inputs and heads of at most 128 (A100;
-  256 from H100 on), multiples of 8.
+  has none, and cuDNN's is opt-in (model.attention=cudnn): it draws its masks from a seed of
+  each layer's own, not from the step's RNG (layers.cudnn_dropout_attention), and on an H200
+  its masks' rates spread twice as wide as independent draws would (docs/accelerators.md).
+  cuDNN takes 16-bit inputs and heads of at most 128 (A100; 256 from H100 on), multiples of 8.
   """
   if fields['attention_dropout_rate']:
     return 'xla'

@@ -30,19 +30,32 @@ GPU_COMPILER_OPTIONS = {
 GPU_MEMORY_FRACTION = 0.9
 
 
+# cuDNN's attention with dropout (model.attention=cudnn) aborted the process inside CUDA graphs
+# (command buffers) on an H200 with jax 0.11.2, and ran outside them (docs/accelerators.md). This
+# option of the train step's compile keeps cuDNN's calls out of the graphs: the kinds XLA puts in
+# them by default less CUDNN (XLA_FLAGS="--xla_gpu_enable_command_buffer=-CUDNN" does the same for
+# every compile of a process).
+CUDNN_DROPOUT_OPTIONS = {
+    'xla_gpu_enable_command_buffer': 'FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,DYNAMIC_SLICE_FUSION'}
+
 # Each platform's options for the steps (none on CPU and TPU; a test adds some for CPU).
 PLATFORM_OPTIONS = {'gpu': GPU_COMPILER_OPTIONS}
 _REFUSED = re.compile(r"No such compile option: '([\w.]+)'")
+_BAD_VALUE = re.compile(r"While setting option ([\w.]+), '(\w+)' is not a valid enum value")
+_said: set[tuple[str, str]] = set()  # (platform, what was dropped), said once a process
 # What this process's jaxlib accepted of each platform's options, found once (a newer jaxlib
 # than the pin drops options it no longer knows, and refuses the compile that names them).
 _accepted: dict[tuple[str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
 
 
-def compiler_options(mesh) -> dict[str, Any] | None:
-  """XLA options for steps on the mesh's platform (GPU_COMPILER_OPTIONS on GPUs), less any
-  that the installed jaxlib refuses: each of those is named in one line, once a process."""
+def compiler_options(mesh, cudnn_dropout: bool = False) -> dict[str, Any] | None:
+  """XLA options for steps on the mesh's platform (GPU_COMPILER_OPTIONS on GPUs; with
+  `cudnn_dropout`, a step that runs cuDNN's attention with dropout, CUDNN_DROPOUT_OPTIONS too),
+  less any that the installed jaxlib refuses: each of those is named in one line, once a process."""
   device = mesh.devices.flat[0]
-  wanted = PLATFORM_OPTIONS.get(device.platform)
+  wanted = dict(PLATFORM_OPTIONS.get(device.platform) or {})
+  if cudnn_dropout and device.platform == 'gpu':
+    wanted.update(CUDNN_DROPOUT_OPTIONS)
   if not wanted:
     return None
   key = (device.platform, tuple(wanted.items()))
@@ -62,13 +75,28 @@ def accepted_options(mesh, options: dict[str, Any]) -> dict[str, Any]:
       jax.jit(lambda x: x + 1, compiler_options=options).lower(probe).compile()
       break
     except Exception as e:  # pylint: disable=broad-except
-      refused = _REFUSED.search(str(e))
-      if not refused or refused.group(1) not in options:
+      refused, bad = _REFUSED.search(str(e)), _BAD_VALUE.search(str(e))
+      if refused and refused.group(1) in options:
+        del options[refused.group(1)]
+        line = (f'XLA option {refused.group(1)} is not known to this jaxlib '
+                f'({jaxlib.__version__}, {platform}): the steps compile without it.')
+      elif bad and isinstance(options.get(bad.group(1)), str):  # a list of enum names
+        name, value = bad.groups()
+        options[name] = ','.join(v for v in options[name].split(',') if v != value)
+        line = (f'XLA option {name}: this jaxlib ({jaxlib.__version__}, {platform}) knows no '
+                f'{value}; the steps compile with {name}={options[name]!r}.')
+      else:
         break  # another reason: the step's own compile will say it
-      del options[refused.group(1)]
-      print(f'XLA option {refused.group(1)} is not known to this jaxlib ({jaxlib.__version__}, '
-            f'{platform}): the steps compile without it.', file=sys.stderr, flush=True)
+      if (platform, line) not in _said:
+        _said.add((platform, line))
+        print(line, file=sys.stderr, flush=True)
   return options
+
+
+def runs_cudnn_dropout(model_config) -> bool:
+  """Whether a model of this Config runs cuDNN's attention with dropout in its train step."""
+  return (getattr(model_config, 'attention', None) == 'cudnn'
+          and bool(getattr(model_config, 'attention_dropout_rate', 0)))
 
 
 def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callable:
@@ -115,9 +143,10 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
       new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
       return new_state, metrics
 
+  options = compiler_options(mesh, runs_cudnn_dropout(model.config))
   return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                  out_shardings=(state_shardings, sharding.replicated(mesh)),
-                 donate_argnums=(0,), compiler_options=compiler_options(mesh))
+                 donate_argnums=(0,), compiler_options=options)
 
 
 def make_eval_step(model, loss_fn, config, mesh, state_shardings, predict=None) -> Callable:
