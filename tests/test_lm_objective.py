@@ -145,12 +145,22 @@ def _whole_logits(x, table, bias_v, targets, weights):
 CHUNKINGS = [((3, 10), 1 << 20, 1), ((3, 10), 37 * 3, 10), ((3, 10), 37, 30), ((97,), 37 * 49, 2)]
 
 
+@pytest.fixture(params=['cpu_passes', 'gpu_one_pass'])
+def row_stats(request, monkeypatch):
+  """The reductions over the vocabulary as CPUs run them, and as GPUs and TPUs do (the one-pass
+  reduction, run here in the CPU's place): both are checked on this CPU."""
+  if request.param == 'gpu_one_pass':
+    monkeypatch.setattr(lm, '_row_stats_passes', lm._row_stats_one_pass)
+  return request.param
+
+
 @pytest.mark.parametrize('rows,max_logits,chunks', CHUNKINGS)
 @pytest.mark.parametrize('bias', [True, False])
 def test_output_layer_loss_in_chunks_equals_the_whole_logits_path(rows, max_logits, chunks, bias,
-                                                                  monkeypatch):
+                                                                  row_stats, monkeypatch):
   """Loss, per-token NLL and accuracy, and the gradients of x, table and bias, within 1e-5 in
   float32, for one chunk, several, and rows that do not divide into chunks."""
+  del row_stats
   monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   assert lm.output_layer_chunks(math.prod(rows), 37, max_logits) == chunks
   x, table, bias_v, targets, weights = _output_layer_case(rows=rows, bias=bias)
@@ -184,7 +194,8 @@ def test_output_layer_loss_in_bfloat16_within_the_bfloat16_tolerance(monkeypatch
     np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=1e-2 * np.abs(w).max())
 
 
-def test_output_layer_accuracy_counts_ties_as_argmax_does(monkeypatch):
+def test_output_layer_accuracy_counts_ties_as_argmax_does(row_stats, monkeypatch):
+  del row_stats
   monkeypatch.setattr(lm, 'MIN_CHUNK_ROWS', 1)
   table = jnp.asarray(np.random.default_rng(1).integers(0, 2, (37, 16)), jnp.float32)
   x = jnp.ones((4, 6, 16))  # many words tie for the top logit
@@ -194,6 +205,20 @@ def test_output_layer_accuracy_counts_ties_as_argmax_does(monkeypatch):
   np.testing.assert_array_equal(np.asarray(right),
                                 np.asarray((x @ table.T).argmax(-1) == targets, np.float32))
   assert np.asarray(right)[0].all() and not np.asarray(right).all()
+
+
+def test_both_forms_of_the_row_reductions_agree_on_padded_vocabularies():
+  rng = np.random.default_rng(3)
+  logits = jnp.asarray(rng.normal(size=(6, 40)) * 4, jnp.float32).at[:, 37:].set(-jnp.inf)
+  logits = logits.at[2, :5].set(logits[2].max())  # a tie for the top
+  beaten = jnp.asarray(rng.random((6, 40)) < 0.05)
+  one_max, one_sum, one_beaten = lm._row_stats_one_pass(logits, beaten)
+  max_, sum_, beaten_ = lm._row_stats_passes(logits, beaten)
+  np.testing.assert_array_equal(np.asarray(one_max), np.asarray(max_))
+  np.testing.assert_allclose(np.asarray(one_sum), np.asarray(sum_), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(one_beaten), np.asarray(beaten_))
+  np.testing.assert_allclose(np.asarray(max_ + jnp.log(sum_)),
+                             np.asarray(jax.nn.logsumexp(logits, axis=-1)), rtol=1e-6)
 
 
 def test_output_layer_per_token_outputs_refuse_a_gradient():
