@@ -88,18 +88,18 @@ def default_compile_env() -> dict[str, str]:
 
 
 # Seconds of test time each file took in the fast and the slow tier (1fcb1cb's fast tier and
-# 6721a64's slow tier, this 2-core Xeon; test_sweep_cluster's before default_compile_env). Only a
-# schedule: files not listed take 8 s or less in the fast tier and 20 s or less in the slow.
+# f9a2a84's slow tier, this 2-core Xeon). Only a schedule: files not listed take 8 s or less in
+# the fast tier and 20 s or less in the slow.
 FILE_SECONDS = {
-    'test_sweep_cluster.py': (0, 450), 'test_faults.py': (1, 341), 'test_notebooks.py': (0, 311),
-    'test_bert_finetune_train.py': (0, 222), 'test_multihost.py': (0, 196),
-    'test_elmo_train.py': (1, 182), 'test_gpt_train.py': (0, 165), 'test_aot.py': (35, 128),
-    'test_cove_train.py': (0, 147), 'test_preemption.py': (0, 138), 'test_cvt_train.py': (0, 125),
-    'test_train.py': (23, 70), 'test_translation.py': (9, 80), 'test_fused_attention.py': (17, 65),
-    'test_sweep.py': (1, 74), 'test_workers.py': (20, 39), 'test_aot_gpu.py': (25, 10),
-    'test_bad_input.py': (32, 0), 'test_transformer.py': (12, 20), 'test_gpt_model.py': (22, 10),
-    'test_cove.py': (25, 3), 'test_bench.py': (0, 24), 'test_phases.py': (18, 5),
-    'test_decoding.py': (16, 6), 'test_bert_features.py': (14, 5), 'test_peers.py': (15, 0),
+    'test_sweep_cluster.py': (0, 814), 'test_faults.py': (1, 383), 'test_notebooks.py': (0, 327),
+    'test_bert_finetune_train.py': (0, 310), 'test_multihost.py': (0, 130),
+    'test_elmo_train.py': (1, 182), 'test_gpt_train.py': (0, 169), 'test_aot.py': (35, 115),
+    'test_cove_train.py': (0, 139), 'test_preemption.py': (0, 108), 'test_cvt_train.py': (0, 111),
+    'test_train.py': (23, 82), 'test_translation.py': (9, 78), 'test_fused_attention.py': (17, 65),
+    'test_sweep.py': (1, 70), 'test_workers.py': (20, 42), 'test_aot_gpu.py': (25, 10),
+    'test_bad_input.py': (32, 0), 'test_transformer.py': (12, 20), 'test_gpt_model.py': (22, 7),
+    'test_cove.py': (25, 4), 'test_bench.py': (0, 13), 'test_phases.py': (18, 7),
+    'test_decoding.py': (16, 5), 'test_bert_features.py': (14, 4), 'test_peers.py': (15, 0),
     'test_lm_objective.py': (15, 0), 'test_convert_checkpoint.py': (14, 0),
     'test_bert_model.py': (13, 0), 'test_bert_pretraining.py': (12, 0),
     'test_bilm_objective.py': (11, 0), 'test_bert_finetune.py': (10, 0),

@@ -23,8 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task;
 # with arg 'broken', a third whose pretraining stops at once for a real error (32 hidden units
-# in 3 heads). A pretraining is 4,000 steps, about 80 s of training on one core: more than two
-# allocations of the SLURM test's time limit hold (at most 35 s each, startup included).
+# in 3 heads). A pretraining is 4,000 steps on the suite's 8 simulated devices: more than two
+# allocations of the SLURM test's time limit hold (at most 35 s each, startup included; on a
+# 2-core Xeon with nothing else running its first two held 1,409 and 1,034 steps).
+STEPS = 4000
 MICRO = '''
 def get_sweep(arg=''):
   small = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
@@ -35,7 +37,7 @@ def get_sweep(arg=''):
     variants += (('broken', {{'lm.model.num_heads': 3}}),)
   return dict(
       stages=(('lm', 'configs/gpt.py:tiny',
-               dict(small, **{{'train.num_steps': 4000, 'train.eval_every': 2000,
+               dict(small, **{{'train.num_steps': {steps}, 'train.eval_every': 2000,
                               'train.eval_steps': 2, 'train.checkpoint_every': 2000,
                               'optimizer.warmup_steps': 10}})),
               ('ft', 'configs/gpt_finetune.py', dict(small, **{{'train.num_steps': 20,
@@ -66,7 +68,7 @@ def _finals(workdir):
 @pytest.fixture(scope='module')
 def sweep_file(tmp_path_factory, shared_data_dir):
   path = tmp_path_factory.mktemp('sweep') / 'micro.py'
-  path.write_text(MICRO.format(data_dir=shared_data_dir))
+  path.write_text(MICRO.format(data_dir=shared_data_dir, steps=STEPS))
   return str(path)
 
 
@@ -91,7 +93,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
           ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
   deadline = time.time() + 300
   while time.time() < deadline and process.poll() is None:
-    if all(os.path.exists(log) and 'step 100/4000' in open(log).read() for log in logs):
+    if all(os.path.exists(log) and f'step 100/{STEPS}' in open(log).read() for log in logs):
       process.send_signal(signal.SIGTERM)  # both pretrainings are running
       break
     time.sleep(0.05)
@@ -101,7 +103,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
   for log in logs:
     stopped_at = [json.loads(line)['step'] for line in
                   open(log.replace('logs/lm__', 'lm/').replace('.log', '/metrics.jsonl'))]
-    assert 100 <= max(stopped_at) < 4000
+    assert 100 <= max(stopped_at) < STEPS
 
   again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
                          capture_output=True, text=True, check=False, env=default_compile_env)
