@@ -16,6 +16,7 @@ import time
 
 from etils import epath
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -141,6 +142,41 @@ def test_flipped_bytes_in_any_array_file_give_one_quiet_line(data_dir, tmp_path,
     if not os.path.isdir(os.path.join(run, 'unreadable_checkpoints', '4')):
       continue  # the bytes hit were not read back (a file's unused tail): it restored
     assert_one_quiet_line(out, err, 4, 2, run)
+
+
+def test_bytes_changed_on_disk_that_still_decode_are_found_by_the_checksums(tmp_path, capfd):
+  """A checkpoint whose files decode to other values than were saved (a flipped byte in a block
+  that its compressed file stores as is: nothing in the format sees it) is set aside like an
+  unreadable one, and the run resumes before it, instead of training on the changed values."""
+  params = {'w': np.arange(12, dtype=np.float32).reshape(3, 4), 'b': np.ones(4, jnp.bfloat16)}
+  mngr = checkpoints.manager(str(tmp_path / 'run'), 3)
+  for step in (2, 4):
+    checkpoints.save(mngr, step, {'step': step, 'params': params}, {0: {'index': step}}, 1)
+  checkpoints.wait(mngr)
+  # Step 4's array files swapped for those of a state one value apart: they read without error.
+  other = checkpoints.manager(str(tmp_path / 'other'), 1)
+  changed = {'w': params['w'].copy(), 'b': params['b']}
+  changed['w'][1, 2] = 6.5
+  checkpoints.save(other, 4, {'step': 4, 'params': changed}, {0: {'index': 4}}, 1)
+  checkpoints.wait(other)
+  state_dir = tmp_path / 'run' / 'checkpoints' / '4' / 'state'
+  shutil.rmtree(state_dir)
+  shutil.copytree(tmp_path / 'other' / 'checkpoints' / '4' / 'state', state_dir)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype,
+                                                         sharding=device),
+                          {'step': 4, 'params': params})
+  capfd.readouterr()
+  state, data = checkpoints.restore(checkpoints.manager(str(tmp_path / 'run'), 3), abstract,
+                                    str(tmp_path / 'run'))
+  out = capfd.readouterr().out
+  assert ('Checkpoint step 4 cannot be resumed from (params/w does not match the checksum saved '
+          'with it)') in out and 'resuming from step 2' in out, out
+  assert int(state['step']) == 2 and data['shards'] == [{'index': 2}]
+  assert (tmp_path / 'run' / 'unreadable_checkpoints' / '4').is_dir()
+  # The sums see a byte's position too: the same bytes in another order are another array.
+  sums = checkpoints.checksums(params)
+  assert checkpoints.checksums({'w': params['w'][::-1], 'b': params['b']})['w'] != sums['w']
 
 
 def test_reads_abandoned_by_a_failed_restore_go_to_the_log_whenever_they_are_collected(

@@ -80,7 +80,8 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any,
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards), 'phase': phase,
-                                'positions': positions})), force=True)
+                                'positions': positions, 'checksums': checksums(state)})),
+              force=True)
 
 
 def wait(mngr: ocp.CheckpointManager) -> None:
@@ -117,6 +118,42 @@ def non_finite(tree: Any) -> list[str]:
             if jnp.issubdtype(getattr(x, 'dtype', np.int32), jnp.inexact)]
   checks = _finite([x for _, x in floats])
   return [name for (name, _), ok in zip(floats, checks) if not bool(ok)]
+
+
+def _byte_sums(x: jax.Array) -> jax.Array:
+  """Two sums of the array's bytes modulo 2^32: plain, and each byte times its position + 1
+  (a flipped, lost or moved byte changes one of them). Made where the array lies: a sharded
+  array is summed shard by shard, never gathered."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    x = x.astype(jnp.uint8)
+  bytes_ = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)  # (..., itemsize)
+  position, stride = jnp.zeros(bytes_.shape, jnp.uint32), 1
+  for axis in reversed(range(bytes_.ndim)):
+    position += jax.lax.broadcasted_iota(jnp.uint32, bytes_.shape, axis) * jnp.uint32(stride)
+    stride = stride * bytes_.shape[axis] % 2**32
+  return jnp.stack([bytes_.sum(dtype=jnp.uint32), (bytes_ * (position + 1)).sum(dtype=jnp.uint32)])
+
+
+@jax.jit
+def _all_byte_sums(arrays: list[jax.Array]) -> list[jax.Array]:
+  return [_byte_sums(x) for x in arrays]
+
+
+def checksums(tree: Any) -> dict[str, list[int]]:
+  """Each array's byte sums (_byte_sums) by name: saved with a checkpoint and compared when it
+  is restored, so that bytes changed on disk where the files still decode (a flipped byte in a
+  stored block of a compressed file) are found, not trained on."""
+  named = [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  sums = jax.device_get(_all_byte_sums([x for _, x in named]))
+  return {name: [int(v) for v in np.asarray(pair)] for (name, _), pair in zip(named, sums)}
+
+
+def _changed(tree: Any, saved: dict[str, list[int]]) -> list[str]:
+  """The names of `tree`'s arrays whose byte sums differ from those `saved` with them."""
+  return [name for name, pair in checksums(tree).items()
+          if name in saved and list(saved[name]) != pair]
 
 
 def _reason(error: BaseException) -> str:
@@ -178,7 +215,9 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
     data = restored['data']
     shards = data.get('shards', data.get('hosts'))  # 'hosts': checkpoints of before elastic resume
     bad = non_finite(restored['state'])
+    changed = _changed(restored['state'], data.get('checksums') or {})  # none before checksums
     why = (f'{bad[0]} is not finite' if bad else
+           f'{changed[0]} does not match the checksum saved with it' if changed else
            None if isinstance(shards, list) and shards else 'its data position is missing')
   except _Unreadable:
     pass
@@ -229,8 +268,8 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
   shard's position under 'shards', the phase under 'phase', the trained positions under
   'positions').
 
-  A checkpoint that cannot be read or holds a non-finite array is reported in
-  one line and moved to workdir/unreadable_checkpoints/ once an older one has
+  A checkpoint that cannot be read, holds a non-finite array or an array whose bytes no
+  longer match the checksums saved with it is reported in one line and moved to workdir/unreadable_checkpoints/ once an older one has
   restored; when none restores, nothing is moved and ValueError says why for each.
   """
   failures, log = [], restore_log.path(workdir)
