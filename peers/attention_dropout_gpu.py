@@ -205,7 +205,8 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - start) / (steps - 20)
   losses = [float(np.divide(*pair)) for pair in jax.device_get(losses)]
-  return {'config': config_arg, 'overrides': overrides, 'step_seed': step_seed, 'attention': model_cfg.attention,
+  return {'config': config_arg, 'overrides': overrides, 'step_seed': step_seed,
+          'attention': model_cfg.attention,
           'dropout': model_cfg.attention_dropout_rate, 'device': jax.devices()[0].device_kind,
           'jax': jax.__version__, 'step_seconds': round(seconds, 5),
           'compile_seconds': round(compile_seconds, 1), 'losses': [round(x, 4) for x in losses]}

@@ -269,8 +269,9 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
   'positions').
 
   A checkpoint that cannot be read, holds a non-finite array or an array whose bytes no
-  longer match the checksums saved with it is reported in one line and moved to workdir/unreadable_checkpoints/ once an older one has
-  restored; when none restores, nothing is moved and ValueError says why for each.
+  longer match the checksums saved with it is reported in one line and moved to
+  workdir/unreadable_checkpoints/ once an older one has restored; when none restores,
+  nothing is moved and ValueError says why for each.
   """
   failures, log = [], restore_log.path(workdir)
   logged = os.path.getsize(log) if os.path.exists(log) else 0  # what earlier restores wrote
