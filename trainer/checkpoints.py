@@ -121,19 +121,21 @@ def non_finite(tree: Any) -> list[str]:
 
 
 def _byte_sums(x: jax.Array) -> jax.Array:
-  """Two sums of the array's bytes modulo 2^32: plain, and each byte times its position + 1
-  (a flipped, lost or moved byte changes one of them). Made where the array lies: a sharded
-  array is summed shard by shard, never gathered."""
+  """Two sums of the array's words (its elements' bits, as unsigned integers) modulo 2^32:
+  plain, and each word times its position + 1 (a flipped, lost or moved byte changes one of
+  them). Made where the array lies: a sharded array is summed shard by shard, never
+  gathered."""
   if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
     x = jax.random.key_data(x)
   if x.dtype == jnp.bool_:
     x = x.astype(jnp.uint8)
-  bytes_ = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)  # (..., itemsize)
-  position, stride = jnp.zeros(bytes_.shape, jnp.uint32), 1
-  for axis in reversed(range(bytes_.ndim)):
-    position += jax.lax.broadcasted_iota(jnp.uint32, bytes_.shape, axis) * jnp.uint32(stride)
-    stride = stride * bytes_.shape[axis] % 2**32
-  return jnp.stack([bytes_.sum(dtype=jnp.uint32), (bytes_ * (position + 1)).sum(dtype=jnp.uint32)])
+  unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
+  words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)  # 8 bytes: (..., 2)
+  position, stride = jnp.zeros(words.shape, jnp.uint32), 1
+  for axis in reversed(range(words.ndim)):
+    position += jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride)
+    stride = stride * words.shape[axis] % 2**32
+  return jnp.stack([words.sum(dtype=jnp.uint32), (words * (position + 1)).sum(dtype=jnp.uint32)])
 
 
 @jax.jit
@@ -142,7 +144,7 @@ def _all_byte_sums(arrays: list[jax.Array]) -> list[jax.Array]:
 
 
 def checksums(tree: Any) -> dict[str, list[int]]:
-  """Each array's byte sums (_byte_sums) by name: saved with a checkpoint and compared when it
+  """Each array's sums (_byte_sums) by name: saved with a checkpoint and compared when it
   is restored, so that bytes changed on disk where the files still decode (a flipped byte in a
   stored block of a compressed file) are found, not trained on."""
   named = [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
