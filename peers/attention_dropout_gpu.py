@@ -212,6 +212,13 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
           'compile_seconds': round(compile_seconds, 1), 'losses': [round(x, 4) for x in losses]}
 
 
+def _cudnn_out_of_cuda_graphs_by_environ() -> None:
+  """XLA_FLAGS for every later compile of this process, as CUDNN_DROPOUT_OPTIONS for one: read
+  when jax first compiles, so set before that."""
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
+                             + '--xla_gpu_enable_command_buffer=-CUDNN').strip()
+
+
 def _options_probe(how: str) -> dict:
   """One jitted forward and backward of cuDNN's attention with dropout, with cuDNN kept out of
   CUDA graphs by `how`: 'none' (XLA's defaults: aborted on an H200), 'compile' (the per-compile
@@ -222,8 +229,7 @@ def _options_probe(how: str) -> dict:
   if how == 'compile':
     options = dict(steps.CUDNN_DROPOUT_OPTIONS)
   elif how == 'environ':
-    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
-                               + '--xla_gpu_enable_command_buffer=-CUDNN').strip()
+    _cudnn_out_of_cuda_graphs_by_environ()
   b, s, h = 4, 64, 2
   q = jnp.zeros((b, s, h, s), jnp.bfloat16)
   v = _identity_values(b, s, h)
@@ -273,8 +279,7 @@ def main():
     print(json.dumps({'options_probe': _options_probe(sys.argv[2]),
                       'device': jax.devices()[0].device_kind, 'jax': jax.__version__}), flush=True)
   elif sys.argv[1] == 'kernel':
-    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
-                               + '--xla_gpu_enable_command_buffer=-CUDNN').strip()
+    _cudnn_out_of_cuda_graphs_by_environ()
     print(json.dumps({'kernel_checks': _kernel_checks(), 'device': jax.devices()[0].device_kind,
                       'jax': jax.__version__}), flush=True)
   else:

@@ -120,7 +120,7 @@ def non_finite(tree: Any) -> list[str]:
   return [name for (name, _), ok in zip(floats, checks) if not bool(ok)]
 
 
-def _byte_sums(x: jax.Array) -> jax.Array:
+def _word_sums(x: jax.Array) -> jax.Array:
   """Two sums of the array's words (its elements' bits, as unsigned integers) modulo 2^32:
   plain, and each word times its position + 1 (a flipped, lost or moved byte changes one of
   them). Made where the array lies: a sharded array is summed shard by shard, never
@@ -139,16 +139,16 @@ def _byte_sums(x: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _all_byte_sums(arrays: list[jax.Array]) -> list[jax.Array]:
-  return [_byte_sums(x) for x in arrays]
+def _all_word_sums(arrays: list[jax.Array]) -> list[jax.Array]:
+  return [_word_sums(x) for x in arrays]
 
 
 def checksums(tree: Any) -> dict[str, list[int]]:
-  """Each array's sums (_byte_sums) by name: saved with a checkpoint and compared when it
+  """Each array's sums (_word_sums) by name: saved with a checkpoint and compared when it
   is restored, so that bytes changed on disk where the files still decode (a flipped byte in a
   stored block of a compressed file) are found, not trained on."""
   named = [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  sums = jax.device_get(_all_byte_sums([x for _, x in named]))
+  sums = jax.device_get(_all_word_sums([x for _, x in named]))
   return {name: [int(v) for v in np.asarray(pair)] for (name, _), pair in zip(named, sums)}
 
 
