@@ -277,8 +277,9 @@ def gpu_compute_estimate(hlo_text: str, chip: Chip, dtype: str
   XLA gives no cost analysis for GPUs. Each kernel of the compiled step (hlo.hlo_kernels; the
   collectives are hlo.collective_seconds') takes the larger of its FLOPs at its rate and its bytes
   at HBM_EFFICIENCY of the bandwidth, plus KERNEL_SECONDS; the kernels run one after another.
-  Matmuls and cuDNN's attention run at MATMUL_EFFICIENCY of the dense peak in the compute dtype,
-  the rest on the CUDA cores (SMs x FP32 units x clock x 2).
+  Matmuls and fused attention (cuDNN's; ours, by the FLOPs its kernels declare) run at
+  MATMUL_EFFICIENCY of the dense peak in the compute dtype, the rest on the CUDA cores (SMs x
+  FP32 units x clock x 2).
   """
   kernels = [k for k in hlo.hlo_kernels(hlo_text) if k.kind != 'collective']
   by_kind = {kind: 0.0 for kind in ('matmul', 'attention', 'vector')}
@@ -375,7 +376,8 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       'device_kind': devices[0].device_kind,
       'devices': mesh.size, 'hosts': hosts, 'mesh': dict(mesh.shape),
       'dtype': model_cfg.dtype, 'attention': getattr(model_cfg, 'attention', 'xla'),
-      'pallas_kernels': hlo_text.count('custom_call_target="tpu_custom_call"'),
+      'pallas_kernels': sum(hlo_text.count(f'custom_call_target="{target}"') for target in
+                            ('tpu_custom_call', '__gpu$xla.gpu.triton')),
       'cudnn_attention_calls': hlo_text.count('custom_call_target="__cudnn$fmha'),
       # The train step's (with cuDNN's attention dropout, CUDNN_DROPOUT_OPTIONS too).
       'compiler_options': steps.compiler_options(
@@ -488,6 +490,7 @@ def print_table(report: dict[str, Any], by_op: int = 0, top_kernels: int = 0) ->
   `top_kernels` > 0 that many groups of a GPU step's kernels by op."""
   unit = 'GPU' if report['platform'] == 'gpu' else 'chip'
   kernels = {'flash': f"{report['pallas_kernels']} Pallas calls",
+             'triton': f"{report['pallas_kernels']} Pallas calls",
              'cudnn': f"{report['cudnn_attention_calls']} cuDNN calls"}
   attention = report['attention'] + (f" ({kernels[report['attention']]})"
                                      if report['attention'] in kernels else '')

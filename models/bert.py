@@ -43,7 +43,8 @@ class Config:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   dtype: str = 'float32'
-  # 'xla'; 'flash' (the Pallas TPU kernel) or 'cudnn' (cuDNN's on NVIDIA GPUs); 'auto' picks
+  # 'xla'; 'flash' (the Pallas TPU kernel); 'cudnn' or 'triton' (ours, with the attention
+  # dropout in the kernel: models/flash_dropout.py) on NVIDIA GPUs; 'auto' picks
   attention: str = 'xla'
   scan_layers: bool = False
   remat: bool = False

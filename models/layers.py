@@ -28,6 +28,7 @@ try:  # below jax's public API: the only way to cuDNN's dropout (then it is refu
 except ImportError:
   cudnn_fmha = None
 
+from models import flash_dropout
 from models.dropout import Dropout
 from models.dropout import dropout
 
@@ -44,8 +45,9 @@ def check_heads(hidden_size: int, num_heads: int) -> None:
                      f'model.num_heads={num_heads}: pick a head count that divides it.')
 
 
-# 'flash': the Pallas TPU kernel; 'cudnn': cuDNN's fused (flash) attention on NVIDIA GPUs.
-FUSED_KERNELS = ('flash', 'cudnn')
+# 'flash': the Pallas TPU kernel; 'cudnn': cuDNN's fused (flash) attention on NVIDIA GPUs;
+# 'triton': our Pallas flash attention with the dropout in the kernel, on NVIDIA GPUs.
+FUSED_KERNELS = ('flash', 'cudnn', 'triton')
 ATTENTION_KERNELS = ('auto', 'xla') + FUSED_KERNELS
 
 
@@ -56,7 +58,7 @@ def check_attention(attention: str, attention_dropout_rate: float) -> None:
   if attention == 'flash' and attention_dropout_rate:
     raise ValueError(f'model.attention=flash has no dropout on the attention probabilities '
                      f'but model.attention_dropout_rate={attention_dropout_rate}: set it to 0 or '
-                     'use model.attention=xla (or cudnn on NVIDIA GPUs).')
+                     'use model.attention=xla (or triton or cudnn on NVIDIA GPUs).')
   if attention == 'cudnn' and attention_dropout_rate and cudnn_fmha is None:
     raise ValueError(f'model.attention=cudnn with model.attention_dropout_rate='
                      f'{attention_dropout_rate} needs jax._src.cudnn.fused_attention_stablehlo, '
@@ -346,22 +348,43 @@ def flash_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMa
 
   heads = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  (B, L, H, K) <-> (B, H, L, K)
   args = (heads(q_BLHK), heads(k_BSHK), heads(v_BSHK), mask.q_BL, mask.kv_BS)
+  spec_BHLK = ('batch', 'act_heads', None, None)
+  return heads(_per_shard(attend, args, (spec_BHLK,) * 3 + (('batch', None),) * 2, spec_BHLK))
+
+
+def triton_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentMask,
+                     rate: float, keys_BH: Array) -> Array:
+  """models/flash_dropout.py's kernel (dropout at `rate` with the counted masks of `keys_BH`),
+  run on each device's shard of the batch and heads."""
+
+  def attend(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH):
+    return flash_dropout.attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH, rate,
+                                   mask.causal)
+
+  spec_BLHK = ('batch', None, 'act_heads', None)
+  return _per_shard(attend, (q_BLHK, k_BSHK, v_BSHK, mask.q_BL, mask.kv_BS, keys_BH),
+                    (spec_BLHK,) * 3 + (('batch', None),) * 2 + (('batch', 'act_heads'),),
+                    spec_BLHK)
+
+
+def _per_shard(attend: Callable[..., Array], args: tuple[Array, ...],
+               in_axes: tuple[tuple[str | None, ...], ...], out_axes: tuple[str | None, ...]
+               ) -> Array:
+  """attend(*args) on each device's shard (logical axes `in_axes`, `out_axes`): XLA does not
+  partition a Pallas kernel."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:  # shapes only (model.init under eval_shape), or one device
-    return heads(attend(*args))
-  # A Pallas kernel is not partitioned by XLA: each device runs it on its own shard.
-  spec_BHLK = nn.logical_to_mesh_axes(('batch', 'act_heads', None, None))
-  spec_BL = nn.logical_to_mesh_axes(('batch', None))
-  out_BHLK = jax.shard_map(attend, mesh=mesh, in_specs=(spec_BHLK,) * 3 + (spec_BL,) * 2,
-                           out_specs=spec_BHLK, check_vma=False)(*args)
-  return heads(out_BHLK)
+    return attend(*args)
+  specs = tuple(nn.logical_to_mesh_axes(axes) for axes in in_axes)
+  return jax.shard_map(attend, mesh=mesh, in_specs=specs,
+                       out_specs=nn.logical_to_mesh_axes(out_axes), check_vma=False)(*args)
 
 
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product multi-head attention (Vaswani et al. 2017, sec. 3.2).
 
   `mask` is boolean, broadcastable to (B, 1, L, S), or a SegmentMask, which
-  runs a fused kernel (model.attention=flash on TPU, cudnn on GPU). With `decode`, this is
+  runs a fused kernel (model.attention=flash on TPU, cudnn or triton on GPU). With `decode`, this is
   self-attention over a key/value cache (collection 'cache', made by `init`
   with the full-length input; zeros, see decoding.init_cache): each call
   appends its L new keys/values at `cache_index` and attends over all S
@@ -381,18 +404,24 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool) -> Array:
     D, H, K = x_BLD.shape[-1], self.num_heads, self.head_dim
     init = self.kernel_init or truncated_normal(self.init_stddev)
-    # cuDNN's kernel fuses no bias add: the projections take their biases in their matmuls.
-    cudnn = isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel == 'cudnn'
+    # A GPU kernel's call fuses no bias add: the projections take their biases in their matmuls.
+    gpu_call = isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel in ('cudnn', 'triton')
     proj = lambda name: Einsum(  # noqa: E731
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
-        kernel_init=init, dtype=self.dtype, name=name, bias_in_matmul=cudnn)
+        kernel_init=init, dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
     q_BLHK = proj('query')(x_BLD)
     k_BSHK = proj('key')(kv_BSD)
     v_BSHK = proj('value')(kv_BSD)
     q_BLHK = nn.with_logical_constraint(q_BLHK, ('batch', 'length', 'act_heads', 'kv'))
     if self.decode:
       k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
-    if isinstance(mask_B11S, SegmentMask):  # check_attention allows dropout to cuDNN only
+    if isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel == 'triton':
+      rate = 0.0 if deterministic else self.dropout_rate
+      B = q_BLHK.shape[0]
+      keys_BH = (flash_dropout.dropout_keys(self.make_rng('dropout'), B, H) if rate
+                 else jnp.zeros((B, H), jnp.uint32))
+      out_BLHK = triton_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S, rate, keys_BH)
+    elif isinstance(mask_B11S, SegmentMask):  # check_attention allows dropout to cuDNN only
       rate = 0.0 if deterministic else self.dropout_rate
       # A seed of this layer's own (cudnn_dropout_attention): its module path, hashed.
       seed = zlib.crc32('/'.join(self.scope.path).encode()) & 0x7FFFFFFF if rate else 0

@@ -43,7 +43,8 @@ class Config:
   max_position_embeddings: int = 256  # the learned table's size; sinusoids take any length
   share_embeddings: bool = True  # source, target and pre-softmax matrices are one (sec. 3.4)
   dtype: str = 'float32'
-  # 'xla'; 'flash' (the Pallas TPU kernel) or 'cudnn' (cuDNN's on NVIDIA GPUs); 'auto' picks
+  # 'xla'; 'flash' (the Pallas TPU kernel); 'cudnn' or 'triton' (ours, with the attention
+  # dropout in the kernel: models/flash_dropout.py) on NVIDIA GPUs; 'auto' picks
   attention: str = 'xla'
   scan_layers: bool = False
   remat: bool = False

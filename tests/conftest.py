@@ -103,6 +103,7 @@ FILE_SECONDS = {
     'test_lm_objective.py': (15, 0), 'test_convert_checkpoint.py': (14, 0),
     'test_bert_model.py': (13, 0), 'test_bert_pretraining.py': (12, 0),
     'test_bilm_objective.py': (11, 0), 'test_bert_finetune.py': (10, 0),
+    'test_flash_dropout.py': (25, 8),
 }
 
 

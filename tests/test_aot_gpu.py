@@ -67,6 +67,11 @@ def test_auto_attention_per_platform_dtype_and_head_width():
   config.model.attention = 'flash'
   with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
     trainer.checks.model_config(config, 'tpu')
+  config.model.attention = 'triton'  # ours: dropout from the step's RNG, under scan too; opt-in
+  config.model.scan_layers = True
+  assert trainer.checks.model_config(config, 'gpu').attention == 'triton'
+  with pytest.raises(ValueError, match='triton is a GPU kernel and this runs on cpu'):
+    trainer.checks.model_config(config, 'cpu')
 
 
 def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeypatch):
@@ -104,6 +109,30 @@ def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeyp
   ops = [k['op'] for k in report['kernels_by_op']]
   assert any('attention/query/dot_general' in op for op in ops)
   assert not [op for op in ops if re.search(r'attention/(query|key|value)/(add|reduce_sum)$', op)]
+
+
+def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(monkeypatch):
+  """GPT with the paper's attention dropout in models/flash_dropout.py's kernels
+  (model.attention=triton), compiled through Triton for an H100: a forward and a backward
+  Pallas call per layer, each costed by the FLOPs it declares and its bytes."""
+  monkeypatch.setattr(aot, 'kernels_by_op', functools.partial(aot.kernels_by_op, top=10_000))
+  config = gpt_config.get_config('tiny')
+  config.model.attention = 'triton'
+  config.train.batch_size = 8
+  report = aot.compile_step(config, 'h100:1')
+  layers_count = config.model.num_layers
+  assert report['attention'] == 'triton' and report['pallas_kernels'] == 2 * layers_count
+  attention = {k['op'].split('/')[-2]: k for k in report['kernels_by_op']
+               if k['kind'] == 'attention'}
+  assert sorted(attention) == ['flash_dropout_backward_qkv', 'flash_dropout_forward']
+  L, D = config.data.max_seq_length, config.model.hidden_size  # one 128-query tile per row
+  product = 2 * config.train.batch_size * L * L * D  # one (L x K) by (K x L) per head
+  # Causal: the forward's 128 x 64 tiles visit every key of the row's one query tile; the
+  # backward's 64 x 64 tiles (dQ: 3 products, dK and dV: 4) skip the one above the diagonal.
+  assert attention['flash_dropout_forward']['flops'] == layers_count * 2 * product
+  assert attention['flash_dropout_backward_qkv']['flops'] == layers_count * 7 * product * 3 / 4
+  assert all(k['bytes'] > 0 for k in attention.values())
+  assert report['compute_seconds_by_kind']['attention'] > 0
 
 
 @pytest.mark.slow  # a 4-process, 32-GPU compile

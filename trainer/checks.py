@@ -17,7 +17,7 @@ from trainer import ranges
 from trainer import sharding
 
 
-KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu'}
+KERNEL_PLATFORMS = {'flash': 'tpu', 'cudnn': 'gpu', 'triton': 'gpu'}
 CUDNN_DTYPES = ('bfloat16', 'float16')
 
 
@@ -68,6 +68,7 @@ def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   has none, and cuDNN's is opt-in (model.attention=cudnn): it draws its masks from a seed of
   each layer's own, not from the step's RNG (layers.cudnn_dropout_attention), and on an H200
   its masks' rates spread twice as wide as independent draws would (docs/accelerators.md).
+  Ours (model.attention=triton) is opt-in until a GPU has measured it.
   cuDNN takes 16-bit inputs and heads of at most 128 (A100; 256 from H100 on), multiples of 8.
   """
   if fields['attention_dropout_rate']:

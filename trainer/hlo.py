@@ -147,7 +147,7 @@ def _fusion_traffic(lines: list[str]) -> tuple[dict[int, int], int | None]:
 class Kernel:
   """One op of a compiled GPU step that runs as a kernel (a fusion, a library call, a lone op)."""
   name: str
-  kind: str  # 'matmul' (a dot: tensor cores), 'attention' (cuDNN's), 'collective' or 'vector'
+  kind: str  # 'matmul' (a dot: tensor cores), 'attention' (cuDNN's, ours), 'collective' or 'vector'
   flops: float  # matmul and attention: the dots' FLOPs; vector: one per element of each op
   bytes: float  # read and written, as hlo_bytes counts them
   times: int  # runs per step: a loop body's as many as its trips
@@ -250,6 +250,11 @@ def hlo_kernels(hlo_text: str) -> list[Kernel]:
       target = target.group(1) if target else ''
       if target.startswith('__cudnn$fmha'):
         kind, flops = 'attention', _attention_flops(target, arguments)
+      # A Pallas kernel that declares its FLOPs in its metadata, {"flops": "N"} (HLO text quotes
+      # it as \22 or \"): ours, models/flash_dropout.py.
+      elif 'triton' in target and (declared := re.search(
+          r'flops(?:\\22|\\?")\s*:\s*(?:\\22|\\?")(\d+)', arguments)):
+        kind, flops = 'attention', float(declared.group(1))
       elif target.startswith('__cublas'):
         lhs = shapes.get(operand_names[0], '') if operand_names else ''
         kind, flops = 'matmul', _dot_flops(_top_level(shape)[0], arguments, lhs)

@@ -1,0 +1,330 @@
+"""Flash attention with dropout on the attention probabilities inside the kernel (Pallas), for
+NVIDIA GPUs: BERT's and GPT's attention_probs_dropout_prob without XLA's unfused attention.
+
+The mask is counted, not stored: element (b, h, i, j) of the probabilities is kept where
+mix(key[b, h] ^ mix(i * S + j)) >= rate * 2^32, with `mix` a bijection of 32-bit words and
+the keys (B, H) drawn from the layer's 'dropout' RNG. So the masks come from the step's RNG
+(a resumed run draws the ones an uninterrupted run would), every layer, step and shard of the
+batch draws its own, and the backward kernels recompute the forward's mask instead of reading
+it. `keep_mask` gives the same mask as an array: `reference` is this function in XLA ops (the
+lengths the kernel does not tile take it), and tests compare the kernel with it.
+
+On a GPU the kernels go through Pallas' Triton backend; elsewhere (tests on a CPU) they run in
+Pallas' interpret mode. Each kernel declares its FLOPs in its metadata, so that aot.py's
+estimate costs it like cuDNN's attention (trainer/hlo.py).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+try:  # the Triton backend's parameters: a jax that moved them compiles with Pallas' defaults
+  from jax.experimental.pallas import triton as pl_triton
+except ImportError:
+  pl_triton = None
+
+Array = jax.Array
+
+NEG_INF = -1e9  # as layers.NEG_INF: a query that sees no key spreads evenly over what it visits
+# Tiles (queries x keys) of the forward and the backward kernels; lengths that are not
+# multiples of them, and head sizes that are not powers of two of at least 16, take `reference`.
+FORWARD_BLOCKS = (128, 64)
+BACKWARD_BLOCKS = (64, 64)
+_LOG2_E = math.log2(math.e)
+
+
+def _mix(x: Array) -> Array:
+  """A bijection of uint32 words in which every output bit depends on every input bit
+  (MurmurHash3's finalizer: two multiply-xorshift rounds)."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def _threshold(rate: float) -> int:
+  """Elements whose 32 bits fall below this are dropped: the rate to within 2^-32."""
+  return min(round(rate * 2.0 ** 32), 2 ** 32 - 1)
+
+
+def keep_scale(rate: float) -> float:
+  """1 / P(keep): what kept probabilities are multiplied by."""
+  return 2.0 ** 32 / (2.0 ** 32 - _threshold(rate))
+
+
+def _keep(key: Array, rows: Array, cols: Array, num_keys: int, rate: float) -> Array:
+  """The kept elements at query positions `rows` and key positions `cols` (broadcast) of the
+  (b, h) whose key is `key`."""
+  counter = (rows * num_keys + cols).astype(jnp.uint32)
+  return _mix(key ^ _mix(counter)) >= jnp.uint32(_threshold(rate))
+
+
+def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
+  """The (B, H) uint32 keys of one call's masks, drawn from `rng`."""
+  return jax.random.bits(rng, (batch, heads), jnp.uint32)
+
+
+def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
+  """The boolean (B, H, L, S) mask the kernels apply for these keys."""
+  rows = jnp.arange(length, dtype=jnp.int32)[:, None]
+  cols = jnp.arange(num_keys, dtype=jnp.int32)[None, :]
+  return _keep(keys_BH[:, :, None, None], rows, cols, num_keys, rate)
+
+
+def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
+  """The boolean (B, 1, L, S) attention mask of segment ids (layers.SegmentMask.dense)."""
+  mask_BLS = (q_ids_BL[:, :, None] == kv_ids_BS[:, None, :]) & (kv_ids_BS > 0)[:, None, :]
+  if causal:
+    L, S = q_ids_BL.shape[1], kv_ids_BS.shape[1]
+    mask_BLS &= jnp.arange(L)[:, None] >= jnp.arange(S)[None, :]
+  return mask_BLS[:, None]
+
+
+def reference(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_ids_BS: Array,
+              keys_BH: Array, rate: float, causal: bool) -> Array:
+  """The kernels' function in XLA ops: softmax(q k^T / sqrt(K)) with the counted mask, times v."""
+  L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
+  logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q_BLHK, k_BSHK).astype(jnp.float32) / math.sqrt(K)
+  logits_BHLS = jnp.where(visible(q_ids_BL, kv_ids_BS, causal), logits_BHLS, NEG_INF)
+  probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
+  if rate:
+    probs_BHLS = jnp.where(keep_mask(keys_BH, L, S, rate),
+                           probs_BHLS * keep_scale(rate), 0.0)
+  return jnp.einsum('BHLS,BSHK->BLHK', probs_BHLS.astype(v_BSHK.dtype), v_BSHK)
+
+
+def tiles(length: int, num_keys: int, head_dim: int) -> bool:
+  """Whether the kernels take these sizes (else `attention` computes `reference`)."""
+  blocks_fit = all(length % bq == 0 and num_keys % bk == 0
+                   for bq, bk in (FORWARD_BLOCKS, BACKWARD_BLOCKS))
+  return blocks_fit and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array]:
+  """A tile's scores in base-2 units (log2(e) / sqrt(K) q k^T), NEG_INF where not visible, and
+  where they are visible."""
+  scores = pl.dot(q, k, trans_b=True) * (_LOG2_E / math.sqrt(q.shape[-1]))
+  seen = (q_ids[:, None] == kv_ids[None, :]) & (kv_ids > 0)[None, :]
+  if causal:
+    seen &= rows[:, None] >= cols[None, :]
+  return jnp.where(seen, scores, NEG_INF), seen
+
+
+def _key_blocks(q_block: Array, block_q: int, block_k: int, num_keys: int, causal: bool):
+  """How many key tiles a query tile visits: with causality, none past its last query."""
+  if causal:
+    return jax.lax.div((q_block + 1) * block_q + block_k - 1, block_k)
+  return num_keys // block_k
+
+
+def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *,
+                    rate: float, causal: bool, block_k: int):
+  """One (b, h, query tile): the online softmax over the key tiles (flash attention), the
+  dropout applied to each tile's probabilities before they multiply v."""
+  block_q, S = q_ref.shape[0], k_ref.shape[0]
+  q_block = pl.program_id(2)
+  rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
+  q, q_ids, key = q_ref[...], q_ids_ref[...], key_ref[...]
+
+  def visit(t, carry):
+    acc, top, total = carry
+    span = pl.ds(t * block_k, block_k)
+    cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
+    scores, _ = _scores(q, k_ref[span, :], rows, cols, q_ids, kv_ids_ref[span], causal)
+    new_top = jnp.maximum(top, scores.max(axis=1))
+    decay = jnp.exp2(top - new_top)
+    p = jnp.exp2(scores - new_top[:, None])
+    total = total * decay + p.sum(axis=1)  # the normalizer counts the dropped ones too
+    if rate:
+      p = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), p, 0.0)
+    v = v_ref[span, :]
+    acc = acc * decay[:, None] + pl.dot(p.astype(v.dtype), v)
+    return acc, new_top, total
+
+  start = (jnp.zeros((block_q, q.shape[1]), jnp.float32),
+           jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32))
+  stop = _key_blocks(q_block, block_q, block_k, S, causal)
+  acc, top, total = jax.lax.fori_loop(0, stop, visit, start)
+  scale = keep_scale(rate) if rate else 1.0
+  out_ref[...] = (acc * (scale / total)[:, None]).astype(out_ref.dtype)
+  lse_ref[...] = top + jnp.log2(total)
+
+
+def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]:
+  """dK and dV of key tile `t`, summed over the query tiles that visit it. `refs` are one
+  (b, h)'s whole inputs: keys, q ids, kv ids, q, k, v, dout, lse, delta."""
+  key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, delta_ref = refs
+  (L, K), S = q_ref.shape, k_ref.shape[0]
+  block_q, block_k = BACKWARD_BLOCKS
+  span_k = pl.ds(t * block_k, block_k)
+  cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
+  k, v, kv_ids, key = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k], key_ref[...]
+  scale = keep_scale(rate) if rate else 1.0
+
+  def visit(i, carry):
+    dk, dv = carry
+    span = pl.ds(i * block_q, block_q)
+    rows = i * block_q + jnp.arange(block_q, dtype=jnp.int32)
+    q, dout = q_ref[span, :], dout_ref[span, :]
+    scores, seen = _scores(q, k, rows, cols, q_ids_ref[span], kv_ids, causal)
+    p = jnp.exp2(scores - lse_ref[span][:, None])
+    dprobs = pl.dot(dout, v, trans_b=True) * scale
+    if rate:
+      kept = _keep(key, rows[:, None], cols[None, :], S, rate)
+      dv = dv + pl.dot(jnp.where(kept, p * scale, 0.0).astype(dout.dtype), dout, trans_a=True)
+      dprobs = jnp.where(kept, dprobs, 0.0)
+    else:
+      dv = dv + pl.dot(p.astype(dout.dtype), dout, trans_a=True)
+    # A query that sees no key has probabilities over what it visits, but no gradient to them.
+    dscores = jnp.where(seen, p * (dprobs - delta_ref[span][:, None]), 0.0)
+    dk = dk + pl.dot(dscores.astype(q.dtype), q, trans_a=True)
+    return dk, dv
+
+  zeros = jnp.zeros((block_k, K), jnp.float32)
+  first = (t * block_k) // block_q if causal else 0  # query tiles before it see none of it
+  dk, dv = jax.lax.fori_loop(first, L // block_q, visit, (zeros, zeros))
+  return dk / math.sqrt(K), dv
+
+
+def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
+  """dQ of query tile `t`, summed over the key tiles it visits (`refs` as _key_grads')."""
+  key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, delta_ref = refs
+  K, S = q_ref.shape[1], k_ref.shape[0]
+  block_q, block_k = BACKWARD_BLOCKS
+  span_q = pl.ds(t * block_q, block_q)
+  rows = t * block_q + jnp.arange(block_q, dtype=jnp.int32)
+  q, dout, q_ids, key = q_ref[span_q, :], dout_ref[span_q, :], q_ids_ref[span_q], key_ref[...]
+  lse, delta = lse_ref[span_q], delta_ref[span_q]
+  scale = keep_scale(rate) if rate else 1.0
+
+  def visit(j, dq):
+    span = pl.ds(j * block_k, block_k)
+    cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
+    k = k_ref[span, :]
+    scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
+    p = jnp.exp2(scores - lse[:, None])
+    dprobs = pl.dot(dout, v_ref[span, :], trans_b=True) * scale
+    if rate:
+      dprobs = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), dprobs, 0.0)
+    dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
+    return dq + pl.dot(dscores.astype(k.dtype), k)
+
+  stop = _key_blocks(t, block_q, block_k, S, causal)
+  dq = jax.lax.fori_loop(0, stop, visit, jnp.zeros((block_q, K), jnp.float32))
+  return dq / math.sqrt(K)
+
+
+def _backward_kernel(*refs, rate: float, causal: bool, grads: str):
+  """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t) or 'qkv'
+  (both: one kernel reads the inputs once, where there are as many query tiles as key tiles)."""
+  inputs, outputs = refs[:9], list(refs[9:])
+  t = pl.program_id(2)
+  if 'q' in grads:
+    dq_ref = outputs.pop(0)
+    dq_ref[...] = _query_grads(t, inputs, rate, causal).astype(dq_ref.dtype)
+  if 'kv' in grads:
+    dk_ref, dv_ref = outputs
+    dk, dv = _key_grads(t, inputs, rate, causal)
+    dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
+
+
+def _flops(B: int, H: int, L: int, S: int, K: int, products: int, causal: bool,
+           block: int) -> float:
+  """`products` matmuls of (L x K) by (K x S) per (b, h); with causality, those of the tiles
+  on or below the diagonal (tiles of `block` queries)."""
+  flops = 2.0 * B * H * L * S * K * products
+  return flops * (0.5 + 0.5 * block / S) if causal else flops
+
+
+def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float):
+  """The pallas_call: through Triton on an NVIDIA GPU, in interpret mode elsewhere (decided
+  when the step is lowered for its platform, so aot.py on a CPU compiles the GPU kernels)."""
+  def build(interpret: bool):
+    params = {}
+    if pl_triton is not None and not interpret:
+      params['compiler_params'] = pl_triton.CompilerParams(num_warps=4, num_stages=2)
+    return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                          out_shape=out_shape, interpret=interpret, name=name,
+                          metadata={'flops': str(int(flops))}, **params)
+  return lambda *args: jax.lax.platform_dependent(*args, cuda=build(False), rocm=build(False),
+                                                  default=build(True))
+
+
+def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal):
+  (B, L, H, K), S = q.shape, k.shape[1]
+  block_q, block_k = FORWARD_BLOCKS
+  tile = pl.BlockSpec((None, block_q, None, K), lambda b, h, t: (b, t, h, 0))
+  whole = pl.BlockSpec((None, S, None, K), lambda b, h, t: (b, 0, h, 0))
+  in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),  # the (b, h)'s key
+              pl.BlockSpec((None, block_q), lambda b, h, t: (b, t)),
+              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)), tile, whole, whole]
+  out_specs = [tile, pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
+  kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k)
+  return _call(kernel, 'flash_dropout_forward', (B, H, L // block_q), in_specs, out_specs,
+               out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(keys, q_ids, kv_ids, q, k, v)
+
+
+def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
+  (B, L, H, K), S = q.shape, k.shape[1]
+  block_q, block_k = BACKWARD_BLOCKS
+  delta = jnp.einsum('BLHK,BLHK->BHL', dout.astype(jnp.float32), out.astype(jnp.float32))
+  whole = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, 0, h, 0))  # noqa: E731
+  rows = pl.BlockSpec((None, None, L), lambda b, h, t: (b, h, 0))
+  in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),
+              pl.BlockSpec((None, L), lambda b, h, t: (b, 0)),
+              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
+              whole(L), whole(S), whole(S), whole(L), rows, rows]
+  tile = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, t, h, 0))  # noqa: E731
+  args = (keys, q_ids, kv_ids, q, k, v, dout, lse, delta)
+
+  def call(grads: str, tiles: int):
+    out_specs, out_shape, products = [], [], 0
+    if 'q' in grads:
+      out_specs, out_shape, products = [tile(block_q)], [jax.ShapeDtypeStruct(q.shape, q.dtype)], 3
+    if 'kv' in grads:
+      out_specs += [tile(block_k)] * 2
+      out_shape += [jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2
+      products += 4
+    kernel = functools.partial(_backward_kernel, rate=rate, causal=causal, grads=grads)
+    return _call(kernel, f'flash_dropout_backward_{grads}', (B, H, tiles), in_specs, out_specs,
+                 out_shape, _flops(B, H, L, S, K, products, causal, block_q))(*args)
+
+  if L // block_q == S // block_k:
+    return call('qkv', L // block_q)
+  (dq,), (dk, dv) = call('q', L // block_q), call('kv', S // block_k)
+  return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _attention(q, k, v, q_ids, kv_ids, keys, rate, causal):
+  return _forward(q, k, v, q_ids, kv_ids, keys, rate, causal)[0]
+
+
+def _attention_forward(q, k, v, q_ids, kv_ids, keys, rate, causal):
+  out, lse = _forward(q, k, v, q_ids, kv_ids, keys, rate, causal)
+  return out, (q, k, v, q_ids, kv_ids, keys, out, lse)
+
+
+def _attention_backward(rate, causal, residuals, dout):
+  q, k, v, q_ids, kv_ids, keys, out, lse = residuals
+  dq, dk, dv = _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal)
+  return dq, dk, dv, None, None, None
+
+
+_attention.defvjp(_attention_forward, _attention_backward)
+
+
+def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_ids_BS: Array,
+              keys_BH: Array, rate: float, causal: bool) -> Array:
+  """softmax(q k^T / sqrt(K)) v over what the segment ids let each query see, dropout at `rate`
+  on the probabilities with the counted mask of `keys_BH`: the same function as `reference`."""
+  L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
+  if not tiles(L, S, K):
+    return reference(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH, rate, causal)
+  return _attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL.astype(jnp.int32),
+                    kv_ids_BS.astype(jnp.int32), keys_BH, float(rate), causal)

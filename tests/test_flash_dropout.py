@@ -1,0 +1,187 @@
+"""Flash attention with the dropout in the kernel (models/flash_dropout.py), in Pallas' interpret
+mode on this CPU: the kernels' outputs and gradients against the same function in XLA ops with
+the same counted mask, the masks' statistics, and the models' use of it (a mask per layer, per
+step and per shard, drawn from the step's RNG)."""
+
+import dataclasses
+import importlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import bert_base
+from configs import common
+from configs import gpt
+import input_pipeline
+from models import flash_dropout
+from models import layers
+from test_fused_attention import _ids  # segment ids (B, length) from each row's runs
+from trainer import sharding
+import trainer.checks
+
+TOLERANCE = 1e-5  # float32: the kernels and XLA's softmax agree to rounding (seen: below 1e-6)
+
+
+# BERT's padded rows, GPT's packed documents, the Transformer's cross attention: runs cross the
+# tiles' edges (128 queries and 64 keys forward, 64 and 64 backward) and rows end in padding.
+MASKS = {
+    'bert_padding': lambda: layers.SegmentMask(
+        _ids([[(1, 200)], [(1, 77)]], 256), _ids([[(1, 200)], [(1, 77)]], 256),
+        kernel='triton', right_padded=True),
+    'gpt_packed_causal': lambda: layers.SegmentMask(
+        _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
+        _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
+        causal=True, kernel='triton'),
+    'transformer_cross': lambda: layers.SegmentMask(
+        _ids([[(1, 50), (2, 70)], [(1, 9), (2, 30), (3, 40)]], 128),
+        _ids([[(1, 120), (2, 100)], [(1, 20), (2, 50), (3, 150)]], 256), kernel='triton'),
+}
+
+
+def _mesh():
+  """The batch over fsdp, the heads over tensor, as the loop's mesh (four devices)."""
+  return sharding.make_mesh((('data', 1), ('fsdp', 2), ('tensor', 2)), jax.devices()[:4])
+
+
+def _rules():
+  config = bert_base.get_config('tiny')
+  common.set_mesh_and_rules(config)
+  return config.logical_axis_rules
+
+
+def _inputs(mask, heads=2, head_dim=16):
+  (B, L), S = mask.q_BL.shape, mask.kv_BS.shape[1]
+  rngs = jax.random.split(jax.random.key(0), 5)
+  q = jax.random.normal(rngs[0], (B, L, heads, head_dim)) * 2  # logits of about unit spread
+  k = jax.random.normal(rngs[1], (B, S, heads, head_dim)) * 2
+  v = jax.random.normal(rngs[2], (B, S, heads, head_dim))
+  # Padding queries' outputs are never read: the loss gives them no gradient.
+  cotangent = jax.random.normal(rngs[3], q.shape) * (mask.q_BL > 0)[:, :, None, None]
+  keys = flash_dropout.dropout_keys(rngs[4], B, heads)
+  return q, k, v, cotangent, keys
+
+
+def _output_and_grads(attention, q, k, v, cotangent, real_BL):
+  def loss(q, k, v):
+    out = attention(q, k, v)
+    return jnp.sum(out * cotangent), out
+  grads, out = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  return [np.asarray(out) * np.asarray(real_BL)[:, :, None, None]] + [np.asarray(g) for g in grads]
+
+
+def _errors(got, expected):
+  return [float(np.abs(g - e).max() / np.abs(e).max()) for g, e in zip(got, expected)]
+
+
+@pytest.mark.parametrize('rate', [0.1, pytest.param(0.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize('name', MASKS)
+def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate):
+  mask = MASKS[name]()
+  q, k, v, cotangent, keys = _inputs(mask)
+  real_BL = (mask.q_BL > 0).astype(jnp.float32)
+  kernel = lambda keys: lambda q, k, v: layers.triton_attention(q, k, v, mask, rate, keys)  # noqa
+  reference = lambda keys: lambda q, k, v: flash_dropout.reference(  # noqa: E731
+      q, k, v, mask.q_BL, mask.kv_BS, keys, rate, mask.causal)
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
+    assert 'flash_dropout_forward' in str(jax.make_jaxpr(kernel(keys))(q, k, v))  # no fallback
+    got = _output_and_grads(kernel(keys), q, k, v, cotangent, real_BL)
+  expected = _output_and_grads(reference(keys), q, k, v, cotangent, real_BL)
+  for what, error in zip(('output', 'dq', 'dk', 'dv'), _errors(got, expected)):
+    assert error <= TOLERANCE, f'{what}: error {error:.2e} of its largest entry'
+  if rate:  # the tolerance tells another mask apart, in each of the four
+    other = _output_and_grads(reference(keys + 1), q, k, v, cotangent, real_BL)
+    assert min(_errors(other, expected)) > 100 * TOLERANCE
+
+
+def test_the_output_shows_the_mask_of_keep_mask():
+  """Queries and keys of zeros spread each query evenly over the keys; values of the identity
+  then show, query by query, which keys were kept: exactly keep_mask's, scaled."""
+  B, H, L = 1, 2, 128
+  keys = flash_dropout.dropout_keys(jax.random.key(3), B, H)
+  zeros, ones = jnp.zeros((B, L, H, L)), jnp.ones((B, L), jnp.int32)
+  v = jnp.broadcast_to(jnp.eye(L)[None, :, None, :], (B, L, H, L))
+  out = flash_dropout.attention(zeros, zeros, v, ones, ones, keys, 0.5, causal=False)
+  kept = np.asarray(flash_dropout.keep_mask(keys, L, L, 0.5))  # (B, H, L, S)
+  np.testing.assert_allclose(np.asarray(out).transpose(0, 2, 1, 3),
+                             kept * flash_dropout.keep_scale(0.5) / L, rtol=1e-6)
+
+
+def test_masks_are_independent_draws_at_the_rate():
+  """16 draws of (4 x 4) x 128 x 128: each draw's rate within the binomial spread, the draws'
+  spread that of independent elements (cuDNN's was twice it on an H200: docs/accelerators.md),
+  and neighbours along every axis, and two draws, agreeing as independent elements would."""
+  rate, shape = 0.1, (4, 4, 128, 128)
+  draws = np.stack([np.asarray(flash_dropout.keep_mask(
+      flash_dropout.dropout_keys(jax.random.key(seed), *shape[:2]), *shape[2:], rate))
+      for seed in range(16)])
+  n = np.prod(shape)
+  binomial_sd = np.sqrt(rate * (1 - rate) / n)
+  dropped = 1 - draws.reshape(16, -1).mean(axis=1)
+  assert np.abs(dropped - rate).max() < 4.5 * binomial_sd
+  assert 0.5 * binomial_sd < dropped.std(ddof=1) < 1.5 * binomial_sd
+  independent = (1 - rate) ** 2 + rate ** 2  # P(two independent elements agree)
+  sd = np.sqrt(independent * (1 - independent) / (16 * n))
+  for axis in (1, 2, 3, 4):  # batch, heads, queries, keys
+    first = np.take(draws, range(draws.shape[axis] - 1), axis=axis)
+    second = np.take(draws, range(1, draws.shape[axis]), axis=axis)
+    assert abs((first == second).mean() - independent) < 5 * sd * 2, axis
+  assert abs((draws[:-1] == draws[1:]).mean() - independent) < 5 * sd * 2  # two steps
+
+
+@pytest.mark.parametrize('name', ['gpt_rows', 'gpt_rows_scanned',
+                                  pytest.param('bert_padded', marks=pytest.mark.slow)])
+def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypatch):
+  """The tiny family with model.attention=triton: its training loss and gradients on the
+  four-device mesh equal those of the kernels' function in XLA ops on one device (the same
+  masks; under scan_layers too, where the backward recomputes the forward's masks inside the
+  scan), each layer draws its own keys, and the same RNG draws the same ones."""
+  module = bert_base if name == 'bert_padded' else gpt
+  config = module.get_config('tiny')
+  config.data.max_seq_length = 128
+  batch = dict(input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2))
+  if name != 'bert_padded':
+    batch.pop('segment_ids')  # rows of one document: causal alone
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  objective = importlib.import_module(f'objectives.{config.objective}')
+  model = model_module.Model(dataclasses.replace(
+      trainer.checks.model_config(config, 'cpu'), attention='triton', attention_dropout_rate=0.1,
+      scan_layers=name.endswith('scanned')))
+  params = model.init(jax.random.key(0), batch)['params']
+  drawn = []
+  draw = flash_dropout.dropout_keys
+  monkeypatch.setattr(flash_dropout, 'dropout_keys',
+                      lambda *args: drawn.append(draw(*args)) or drawn[-1])
+
+  def training(rng):
+    def loss(params):
+      outputs = model.apply({'params': params}, batch, deterministic=False,
+                            rngs={'dropout': rng})
+      return objective.loss_fn(outputs, batch)[0]
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
+    got = training(jax.random.key(1))
+    assert 'pallas_call' in str(jax.make_jaxpr(training)(jax.random.key(1)))
+  monkeypatch.setattr(flash_dropout, 'tiles', lambda *_: False)  # XLA ops, same masks
+  expected = training(jax.random.key(1))
+  (got_loss, got_grads), (expected_loss, expected_grads) = got, expected
+  np.testing.assert_allclose(got_loss, expected_loss, rtol=1e-6)
+  scale = max(np.abs(e).max() for e in jax.tree.leaves(expected_grads))
+  for g, e in zip(jax.tree.leaves(got_grads), jax.tree.leaves(expected_grads)):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale)
+  if name.endswith('scanned'):
+    return  # the scan draws the layers' keys in one traced body (flax splits its RNG per layer)
+  with jax.disable_jit():  # the keys themselves
+    drawn.clear()
+    for rng in (1, 1, 2):
+      model.apply({'params': params}, batch, deterministic=False,
+                  rngs={'dropout': jax.random.key(rng)})
+  layers_count = config.model.num_layers
+  step1, again, step2 = (drawn[i * layers_count:(i + 1) * layers_count] for i in range(3))
+  words = lambda keys: {tuple(np.asarray(k).ravel()) for k in keys}  # noqa: E731
+  assert len(words(step1)) == layers_count  # a mask per layer
+  assert words(step1) == words(again)  # from the RNG: a resumed step draws the same
+  assert not words(step1) & words(step2)  # another step, other masks
