@@ -26,6 +26,7 @@ command resumes it (trainer/slurm.py's job scripts requeue on it); 130 a second 
 it at once (the newest complete checkpoint stays); 1 an error, said in one line.
 """
 
+import logging as python_logging
 import os
 import signal
 import sys
@@ -68,6 +69,10 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'train.py: error: {e}')
   except (FloatingPointError, checkpoints.WriteError, workers.WorkersDied) as e:
+    if isinstance(e, checkpoints.WriteError):
+      # orbax's other failed writes (a full disk fails them all) would each be reported by
+      # asyncio when collected at exit, after the line below.
+      python_logging.getLogger('asyncio').disabled = True
     sys.exit(f'train.py: stopped: {e}')
   except KeyboardInterrupt:  # before the first step, or a second Ctrl-C (trainer/stop.py)
     newest = checkpoints.newest_step(workdir)

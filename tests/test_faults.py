@@ -423,6 +423,18 @@ def command(workdir, data_dir, num_steps=48):
 
 
 ENV = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+# Data chunks of 20 documents: many units, so that a killed input worker is felt.
+SMALL_CHUNKS = ['--config.data.docs_per_chunk=20']
+
+
+@pytest.fixture(scope='module')
+def straight_state(tmp_path_factory, shared_data_dir):
+  """Step 48 of `command` + SMALL_CHUNKS run once, untouched: what every faulted run of the same
+  command must end with (run once for the tests that kill processes)."""
+  straight = tmp_path_factory.mktemp('straight') / 'run'
+  subprocess.run(command(straight, shared_data_dir) + SMALL_CHUNKS, cwd=ROOT, env=ENV,
+                 check=True, capture_output=True)
+  return saved_state(straight, 48)
 
 
 def wait_for(predicate, proc, log, timeout=300):
@@ -435,20 +447,17 @@ def wait_for(predicate, proc, log, timeout=300):
 
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_the_same_command_finishes_bitwise_equal(
-    tmp_path, shared_data_dir):
+    tmp_path, shared_data_dir, straight_state):
   seed = int(os.environ.get('FAULT_SEED', time.time()))
   rng = random.Random(seed)
-  straight = tmp_path / 'straight'
-  subprocess.run(command(straight, shared_data_dir), cwd=ROOT, env=ENV, check=True,
-                 capture_output=True)
   run, checkpoint_dir = tmp_path / 'run', tmp_path / 'run' / 'checkpoints'
   in_write = 0
   kills = []
   for attempt in range(8):
     log = tmp_path / f'log{attempt}.txt'
     with open(log, 'w') as out:
-      proc = subprocess.Popen(command(run, shared_data_dir), cwd=ROOT, env=ENV, stdout=out,
-                              stderr=subprocess.STDOUT)
+      proc = subprocess.Popen(command(run, shared_data_dir) + SMALL_CHUNKS, cwd=ROOT, env=ENV,
+                              stdout=out, stderr=subprocess.STDOUT)
     wait_for(lambda: 'First step' in open(log).read(), proc, log)
     if attempt % 2:  # inside a checkpoint write: as soon as its temporary directory appears
       wait_for(lambda: any('tmp' in n for n in os.listdir(checkpoint_dir)), proc, log)
@@ -464,9 +473,9 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_bitwise_equal(
     if len(kills) == 4 and in_write:
       break
   assert in_write, f'no kill landed inside a checkpoint write (seed {seed}): {kills}'
-  subprocess.run(command(run, shared_data_dir), cwd=ROOT, env=ENV, check=True,
+  subprocess.run(command(run, shared_data_dir) + SMALL_CHUNKS, cwd=ROOT, env=ENV, check=True,
                  capture_output=True)
-  assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
+  assert_same_arrays(saved_state(run, 48), straight_state)
 
 
 def children_with(pid, marker):
@@ -492,14 +501,10 @@ def input_workers(pid):
     ('worker', b'--multiprocessing-fork', 'A data worker died'),
     ('tracker', b'resource_tracker', 'The multiprocessing resource tracker died')])
 def test_a_killed_input_worker_or_tracker_leaves_one_line_and_the_run_finishes_bitwise_equal(
-    tmp_path, shared_data_dir, victim, marker, line):
-  small_chunks = ['--config.data.docs_per_chunk=20']  # many units, so the kill is felt
-  straight = tmp_path / 'straight'
-  subprocess.run(command(straight, shared_data_dir) + small_chunks, cwd=ROOT, env=ENV,
-                 check=True, capture_output=True)
+    tmp_path, shared_data_dir, straight_state, victim, marker, line):
   run, log = tmp_path / 'run', tmp_path / 'log.txt'
   with open(log, 'w') as out:
-    proc = subprocess.Popen(command(run, shared_data_dir) + small_chunks +
+    proc = subprocess.Popen(command(run, shared_data_dir) + SMALL_CHUNKS +
                             ['--config.data.workers=2'], cwd=ROOT, env=ENV, stdout=out,
                             stderr=subprocess.STDOUT)
   wait_for(lambda: 'First step' in open(log).read(), proc, log)
@@ -514,7 +519,7 @@ def test_a_killed_input_worker_or_tracker_leaves_one_line_and_the_run_finishes_b
   # The blocks of shared memory it held are removed without the tracker's leak warning.
   for noise in ('Traceback', 'leaked', 'UserWarning', 'resource_tracker'):
     assert noise not in text, text[-3000:]
-  assert_same_arrays(saved_state(run, 48), saved_state(straight, 48))
+  assert_same_arrays(saved_state(run, 48), straight_state)
 
 
 @pytest.mark.slow

@@ -1,0 +1,129 @@
+"""On an NVIDIA GPU: our flash attention with the dropout in the kernel (models/flash_dropout.py,
+model.attention=triton) against the same function in XLA ops with the same masks, and its time
+against that XLA attention. Prints one JSON line.
+
+    python peers/flash_dropout_gpu.py check [--small]
+    python peers/flash_dropout_gpu.py time [--small]
+
+check: output, dq, dk and dv of the Triton kernels against flash_dropout.reference with the same
+keys, float32 and bfloat16, for BERT's padded rows, GPT's causal rows and a cross attention; and
+the mask itself (queries and keys of zeros, values of the identity: the output is the kept
+probabilities), which must equal keep_mask's bit for bit, so that Triton's 32-bit arithmetic is
+the one the CPU's interpret mode checked.
+
+time: milliseconds of one jitted forward and backward (the gradients of q, k and v) at
+BERT-base's attention (256 x 128, 12 heads of 64, padded rows) and GPT-1's (64 x 512, causal),
+bfloat16, the kernels against the reference (XLA's unfused attention with the same masks).
+
+--small runs tiny shapes, so that the script can be tried on a CPU (interpret mode).
+"""
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
+
+RATE = 0.1
+
+
+def _cases(small: bool) -> dict[str, tuple]:
+  """name: (q ids, kv ids, causal, heads, head dim)."""
+  L = 256 if small else 512
+  at = jnp.arange(L)[None]
+  padded = (at < jnp.array([[L - 56], [77]])).astype(jnp.int32)  # one piece, then padding
+  starts = jnp.array([[100, 160], [5, 5 + L // 2]])  # three pieces, the last ending at `ends`
+  packed = (1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) * (at < jnp.array([[L], [L - 20]]))
+  return {'bert_padded': (padded, padded, False, 2, 64),
+          'gpt_packed_causal': (packed.astype(jnp.int32), packed.astype(jnp.int32), True, 2, 64),
+          'cross': (padded[:, :L // 2], padded, False, 2, 64)}
+
+
+def _grads(attend, q, k, v, cotangent):
+  def loss(q, k, v):
+    return jnp.sum(attend(q, k, v).astype(jnp.float32) * cotangent)
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def _inputs(B, L, S, H, K, dtype, seed=0):
+  rngs = jax.random.split(jax.random.key(seed), 5)
+  q = (jax.random.normal(rngs[0], (B, L, H, K)) * 2).astype(dtype)
+  k = (jax.random.normal(rngs[1], (B, S, H, K)) * 2).astype(dtype)
+  v = jax.random.normal(rngs[2], (B, S, H, K)).astype(dtype)
+  return q, k, v, jax.random.normal(rngs[3], (B, L, H, K)), flash_dropout.dropout_keys(
+      rngs[4], B, H)
+
+
+def check(small: bool) -> dict:
+  results = {}
+  for name, (q_ids, kv_ids, causal, H, K) in _cases(small).items():
+    (B, L), S = q_ids.shape, kv_ids.shape[1]
+    for dtype in (jnp.float32, jnp.bfloat16):
+      q, k, v, cotangent, keys = _inputs(B, L, S, H, K, dtype)
+      cotangent *= (q_ids > 0)[:, :, None, None]  # padding queries' outputs are never read
+      got = _grads(lambda q, k, v: flash_dropout.attention(
+          q, k, v, q_ids, kv_ids, keys, RATE, causal), q, k, v, cotangent)
+      f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+      expected = _grads(lambda q, k, v: flash_dropout.reference(
+          q, k, v, q_ids, kv_ids, keys, RATE, causal), *f32, cotangent)
+      errors = [float(jnp.abs(g.astype(jnp.float32) - e).max() / jnp.abs(e).max())
+                for g, e in zip(got[1], expected[1])]
+      results[f'{name} {jnp.dtype(dtype).name}'] = {
+          'loss': [float(got[0]), float(expected[0])],
+          'dq dk dv errors (of the largest entry)': [round(x, 6) for x in errors]}
+  B, H, L = 2, 2, 128
+  keys = flash_dropout.dropout_keys(jax.random.key(3), B, H)
+  zeros, ones = jnp.zeros((B, L, H, L), jnp.float32), jnp.ones((B, L), jnp.int32)
+  v = jnp.broadcast_to(jnp.eye(L)[None, :, None, :], (B, L, H, L))
+  out = jax.jit(lambda: flash_dropout.attention(zeros, zeros, v, ones, ones, keys, 0.5, False))()
+  shown = np.asarray(out).transpose(0, 2, 1, 3) > 0
+  kept = np.asarray(flash_dropout.keep_mask(keys, L, L, 0.5))
+  results['mask read off the output'] = {'elements': int(kept.size),
+                                         'differing from keep_mask': int((shown != kept).sum())}
+  return results
+
+
+def _milliseconds(step, args, repeats: int) -> float:
+  jax.block_until_ready(step(*args))
+  start = time.perf_counter()
+  for _ in range(repeats):
+    out = step(*args)
+  jax.block_until_ready(out)
+  return 1000 * (time.perf_counter() - start) / repeats
+
+
+def timing(small: bool) -> dict:
+  shapes = {'bert_base 256x128': (256, 128, 12, 64, False),
+            'gpt1 64x512': (64, 512, 12, 64, True)}
+  if small:
+    shapes = {'small 2x128': (2, 128, 2, 64, False), 'small causal 2x256': (2, 256, 2, 64, True)}
+  results = {}
+  for name, (B, L, H, K, causal) in shapes.items():
+    q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
+    ids = jnp.ones((B, L), jnp.int32)
+    figures = {}
+    for kernel, attend in (('triton', flash_dropout.attention),
+                           ('xla', flash_dropout.reference)):
+      step = jax.jit(jax.grad(lambda q, k, v, attend=attend: jnp.sum(
+          attend(q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
+          argnums=(0, 1, 2)))
+      figures[f'{kernel} ms'] = round(_milliseconds(step, (q, k, v), 2 if small else 50), 3)
+    results[name] = figures
+  return results
+
+
+def main() -> None:
+  small = '--small' in sys.argv
+  what = {'check': check, 'time': timing}[sys.argv[1]]
+  print(json.dumps({sys.argv[1]: what(small), 'device': jax.devices()[0].device_kind,
+                    'jax': jax.__version__}), flush=True)
+
+
+if __name__ == '__main__':
+  main()
