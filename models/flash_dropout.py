@@ -322,7 +322,9 @@ _attention.defvjp(_attention_forward, _attention_backward)
 def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_ids_BS: Array,
               keys_BH: Array, rate: float, causal: bool) -> Array:
   """softmax(q k^T / sqrt(K)) v over what the segment ids let each query see, dropout at `rate`
-  on the probabilities with the counted mask of `keys_BH`: the same function as `reference`."""
+  on the probabilities with the counted mask of `keys_BH`: the same function as `reference` at
+  every real query (a padding query, whose output is never read, spreads over the key tiles it
+  visits, which under causality are not all of them)."""
   L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
   if not tiles(L, S, K):
     return reference(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH, rate, causal)
