@@ -489,8 +489,7 @@ def print_table(report: dict[str, Any], by_op: int = 0, top_kernels: int = 0) ->
   """The report as aligned rows; `by_op` > 0 adds that many groups of collectives by op,
   `top_kernels` > 0 that many groups of a GPU step's kernels by op."""
   unit = 'GPU' if report['platform'] == 'gpu' else 'chip'
-  kernels = {'flash': f"{report['pallas_kernels']} Pallas calls",
-             'triton': f"{report['pallas_kernels']} Pallas calls",
+  kernels = {**dict.fromkeys(('flash', 'triton'), f"{report['pallas_kernels']} Pallas calls"),
              'cudnn': f"{report['cudnn_attention_calls']} cuDNN calls"}
   attention = report['attention'] + (f" ({kernels[report['attention']]})"
                                      if report['attention'] in kernels else '')

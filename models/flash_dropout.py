@@ -76,7 +76,8 @@ def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
 
 
 def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
-  """The boolean (B, 1, L, S) attention mask of segment ids (layers.SegmentMask.dense)."""
+  """The boolean (B, 1, L, S) attention mask of segment ids: query i sees key j of its own
+  segment, never padding (id 0), and with causality none after i (layers.SegmentMask.dense)."""
   mask_BLS = (q_ids_BL[:, :, None] == kv_ids_BS[:, None, :]) & (kv_ids_BS > 0)[:, None, :]
   if causal:
     L, S = q_ids_BL.shape[1], kv_ids_BS.shape[1]

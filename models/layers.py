@@ -281,8 +281,7 @@ class SegmentMask:
 
   def dense(self) -> Array:
     """The boolean (B, 1, L, S) mask of dot_product_attention (padding queries see nothing)."""
-    mask_BLS = (self.q_BL[:, :, None] == self.kv_BS[:, None, :]) & (self.kv_BS > 0)[:, None, :]
-    return mask_BLS[:, None] & causal_mask(self.q_BL.shape[1]) if self.causal else mask_BLS[:, None]
+    return flash_dropout.visible(self.q_BL, self.kv_BS, self.causal)
 
 
 def cudnn_arguments(mask: SegmentMask) -> dict[str, Any]:
