@@ -103,32 +103,50 @@ def assert_one_quiet_line(out, err, step, resumed_from, workdir):
 # In one process: checkpoints that cannot be resumed from, NaN, another mesh.
 # ----------------------------------------------------------------------------
 
+class SixSteps:
+  """The micro BERT's 6 steps with checkpoints every 2, made once for the tests that spoil a
+  checkpoint (each spoils a copy of `stopped`): the parameters of the run never stopped, and the
+  workdir and state of the same run stopped after step 4."""
+
+  def __init__(self, data_dir, root):
+    self.config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
+    self.straight = jax.device_get(
+        trainer.loop.train_and_evaluate(self.config, str(root / 'straight')).params)
+    self.stopped = str(root / 'stopped')
+    self.stopped_state = trainer.loop.train_and_evaluate(self.config, self.stopped,
+                                                         stop_after_steps=4)
+
+  def copy_stopped(self, path) -> str:
+    shutil.copytree(self.stopped, path)
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def six_steps(data_dir, tmp_path_factory):
+  return SixSteps(data_dir, tmp_path_factory.mktemp('six_steps'))
+
+
 # Fault injection: the slow tier (the standard's), every way of spoiling a checkpoint.
 @pytest.mark.slow
 @pytest.mark.parametrize('how', ['flipped bytes', 'truncated array file', 'missing array file',
                                  'bad metadata', 'missing data position'])
 def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
-    data_dir, tmp_path, capfd, how):
-  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
-  run = str(tmp_path / 'run')
-  trainer.loop.train_and_evaluate(config, run, stop_after_steps=4)
+    six_steps, tmp_path, capfd, how):
+  run = six_steps.copy_stopped(tmp_path / 'run')
   damage(run, 4, how)
   capfd.readouterr()
-  resumed = trainer.loop.train_and_evaluate(config, run)
+  resumed = trainer.loop.train_and_evaluate(six_steps.config, run)
   gc.collect()  # reads abandoned by the failed restore say nothing, even when collected late
   out, err = capfd.readouterr()
   assert_one_quiet_line(out, err, 4, 2, run)
   assert os.path.isdir(os.path.join(run, 'unreadable_checkpoints', '4'))  # kept, not deleted
-  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+  assert_same_arrays(jax.device_get(resumed.params), six_steps.straight)
 
 
 @pytest.mark.slow
-def test_flipped_bytes_in_any_array_file_give_one_quiet_line(data_dir, tmp_path, capfd):
+def test_flipped_bytes_in_any_array_file_give_one_quiet_line(six_steps, tmp_path, capfd):
   """Which reads are under way when one fails depends on the bytes hit: each file in turn."""
-  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  pristine = str(tmp_path / 'pristine')
-  trainer.loop.train_and_evaluate(config, pristine, stop_after_steps=4)
+  config, pristine = six_steps.config, six_steps.stopped
   files = array_files(pristine, 4)
   assert len(files) >= 3
   for i in range(len(files)):
@@ -263,11 +281,8 @@ def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing
 
 
 @pytest.mark.slow
-def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capfd):
-  config = micro_config(data_dir, num_steps=6, checkpoint_every=2)
-  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'))
-  run = str(tmp_path / 'run')
-  state = trainer.loop.train_and_evaluate(config, run, stop_after_steps=4)
+def test_a_non_finite_newest_checkpoint_is_set_aside(six_steps, tmp_path, capfd):
+  run, state = six_steps.copy_stopped(tmp_path / 'run'), six_steps.stopped_state
   # What a bad disk or another program might leave: step 5 with a NaN in it, written directly.
   leaves, treedef = jax.tree.flatten(state.params)
   leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(np.nan)
@@ -278,11 +293,11 @@ def test_a_non_finite_newest_checkpoint_is_set_aside(data_dir, tmp_path, capfd):
                                       data=ocp.args.JsonSave(position)))
   mngr.wait_until_finished()
   capfd.readouterr()
-  resumed = trainer.loop.train_and_evaluate(config, run)
+  resumed = trainer.loop.train_and_evaluate(six_steps.config, run)
   out, err = capfd.readouterr()
   assert 'Checkpoint step 5 cannot be resumed from (params/' in out and 'is not finite' in out, out
   assert_one_quiet_line(out, err, 5, 4, run)
-  assert_same_arrays(jax.device_get(resumed.params), jax.device_get(straight.params))
+  assert_same_arrays(jax.device_get(resumed.params), six_steps.straight)
 
 
 @pytest.mark.slow  # fault injection (a NaN state), as the rest of the suite's
@@ -430,7 +445,7 @@ SMALL_CHUNKS = ['--config.data.docs_per_chunk=20']
 @pytest.fixture(scope='module')
 def straight_state(tmp_path_factory, shared_data_dir):
   """Step 48 of `command` + SMALL_CHUNKS run once, untouched: what every faulted run of the same
-  command must end with (run once for the tests that kill processes)."""
+  command must end with (run once for the tests that kill processes or fill the disk)."""
   straight = tmp_path_factory.mktemp('straight') / 'run'
   subprocess.run(command(straight, shared_data_dir) + SMALL_CHUNKS, cwd=ROOT, env=ENV,
                  check=True, capture_output=True)
@@ -523,10 +538,11 @@ def test_a_killed_input_worker_or_tracker_leaves_one_line_and_the_run_finishes_b
 
 
 @pytest.mark.slow
-def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir):
+def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir, straight_state):
   """The workdir on a 16 MiB tmpfs (a user namespace mounts it): step 4's checkpoint fits,
   step 8's does not. The run stops in one line naming step 4, which restores; the same
-  command, with space again, finishes bitwise equal to a run that never filled the disk."""
+  command, with space again, finishes bitwise equal to a run that never filled the disk (the
+  straight run of the tests above)."""
   if subprocess.run(['unshare', '-rm', 'true'], capture_output=True).returncode:
     pytest.skip('unshare -rm (a user namespace, to mount a small tmpfs) is not permitted here')
   mount, kept = tmp_path / 'small_disk', tmp_path / 'kept'
@@ -534,7 +550,7 @@ def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir)
   script = ('mount -t tmpfs -o size=16m none "$0" && "$@"; code=$?; '
             f'cp -a "$0/run" {kept}; exit $code')
   result = subprocess.run(['unshare', '-rm', 'sh', '-c', script, str(mount),
-                           *command(mount / 'run', shared_data_dir, num_steps=16)],
+                           *command(mount / 'run', shared_data_dir), *SMALL_CHUNKS],
                           cwd=ROOT, env=ENV, capture_output=True, text=True)
   assert result.returncode == 1, result.stderr[-3000:]
   last = result.stderr.strip().splitlines()[-1]
@@ -543,13 +559,10 @@ def test_a_full_disk_while_saving_loses_no_checkpoint(tmp_path, shared_data_dir)
       'is step 4: free disk space' in last), last
   assert sorted(n for n in os.listdir(kept / 'checkpoints') if n.isdigit()) == ['4']
   assert checkpoints.non_finite(saved_state(kept, 4)) == []
-  straight = tmp_path / 'straight'
-  subprocess.run(command(straight, shared_data_dir, num_steps=16), cwd=ROOT, env=ENV,
-                 check=True, capture_output=True)
-  resumed = subprocess.run(command(kept, shared_data_dir, num_steps=16), cwd=ROOT, env=ENV,
+  resumed = subprocess.run(command(kept, shared_data_dir) + SMALL_CHUNKS, cwd=ROOT, env=ENV,
                            capture_output=True, text=True)
   assert resumed.returncode == 0 and 'Resuming from step 4' in resumed.stdout, resumed.stderr
-  assert_same_arrays(saved_state(kept, 16), saved_state(straight, 16))
+  assert_same_arrays(saved_state(kept, 48), straight_state)
 
 
 def test_a_metrics_line_cut_by_a_kill_is_dropped_when_the_run_resumes(tmp_path):

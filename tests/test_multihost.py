@@ -46,8 +46,15 @@ def _corpus(tmp_path) -> str:
   return str(corpus)
 
 
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """The RESULT lines of two hosts' 4 steps never stopped: what the resumed runs below end with."""
+  tmp_path = tmp_path_factory.mktemp('straight')
+  return run_hosts(str(tmp_path / 'run'), str(tmp_path / 'data'), _corpus(tmp_path), stop_after=0)
+
+
 @pytest.mark.slow
-def test_two_hosts_train_checkpoint_and_resume(tmp_path):
+def test_two_hosts_train_checkpoint_and_resume(tmp_path, straight):
   corpus = _corpus(tmp_path)
   data_dir = str(tmp_path / 'data')
   first = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=2)
@@ -55,21 +62,19 @@ def test_two_hosts_train_checkpoint_and_resume(tmp_path):
   assert sorted(os.listdir(tmp_path / 'run' / 'checkpoints')) == ['2']
   resumed = run_hosts(str(tmp_path / 'run'), data_dir, corpus, stop_after=0)
   assert all('step=4 devices=4' in line for line in resumed), resumed
-  straight = run_hosts(str(tmp_path / 'straight'), data_dir, corpus, stop_after=0)
   # Each host's first shard of the parameters: identical whether or not the run was resumed.
   checksum = lambda line: line.split('checksum=')[1]
   assert [checksum(l) for l in resumed] == [checksum(l) for l in straight]
 
 
 @pytest.mark.slow
-def test_a_two_host_run_resumes_on_one_host(tmp_path):
+def test_a_two_host_run_resumes_on_one_host(tmp_path, straight):
   """The checkpoint of two hosts restores on one host with as many devices; that host reads
   both data shards, so it trains on the same global batches as the two hosts would have."""
   data_dir, files = str(tmp_path / 'data'), _corpus(tmp_path)
   run_hosts(str(tmp_path / 'run'), data_dir, files, stop_after=2)
   [resumed] = run_hosts(str(tmp_path / 'run'), data_dir, files, stop_after=0, hosts=1)
   assert 'step=4 devices=4' in resumed, resumed
-  straight = run_hosts(str(tmp_path / 'straight'), data_dir, files, stop_after=0)
   checksum = lambda line: float(line.split('checksum=')[1])
   # The all-reduce sums in another order across processes than within one.
   assert checksum(resumed) == pytest.approx(checksum(straight[0]), rel=1e-5)
