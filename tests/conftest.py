@@ -51,6 +51,17 @@ os.environ['XLA_FLAGS'] = ' '.join(
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, ROOT)
 
+# Each xdist worker, and every process it starts, on its own share of the cores (2 workers
+# on 2 cores: one each). Unpinned, each worker's XLA thread pools and subprocesses spanned both
+# cores and took turns with the other's: the learning tests' processes spent 4% more CPU time
+# and took 3% longer (docs/testing.md). Tests whose processes need the whole machine widen it
+# again with the `all_cores` fixture.
+ALL_CORES = frozenset(os.sched_getaffinity(0))
+if os.environ.get('PYTEST_XDIST_WORKER', '').startswith('gw'):
+  _workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+  if len(ALL_CORES) % _workers == 0:
+    os.sched_setaffinity(0, sorted(ALL_CORES)[int(os.environ['PYTEST_XDIST_WORKER'][2:])::_workers])
+
 from trainer import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 host_memory.keep_freed_memory()  # each worker's steps reuse freed memory, as train.py's do
@@ -76,6 +87,17 @@ def shared_data_dir() -> str:
 
 def pytest_configure(config):
   config.addinivalue_line('markers', 'slow: slower end-to-end tests (kept in CI)')
+
+
+@pytest.fixture(scope='module')
+def all_cores():
+  """This worker, and the processes it starts meanwhile, on every core of the machine for a
+  module whose processes need them (sweep.py --parallel cuts the cores into slices; SLURM's
+  daemons run its jobs)."""
+  pinned = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, ALL_CORES)
+  yield
+  os.sched_setaffinity(0, pinned)
 
 
 @pytest.fixture(scope='session')

@@ -46,6 +46,13 @@ def get_sweep(arg=''):
 '''
 
 
+@pytest.fixture(scope='module', autouse=True)
+def whole_machine(all_cores):
+  """--parallel=2 needs two cores, and the SLURM jobs may use both."""
+  del all_cores
+  yield
+
+
 def _sweep(*args):
   return [sys.executable, os.path.join(ROOT, 'sweep.py')] + list(args)
 
