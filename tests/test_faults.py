@@ -153,8 +153,7 @@ def test_flipped_bytes_in_any_array_file_give_one_quiet_line(six_steps, tmp_path
   files = array_files(pristine, 4)
   assert len(files) >= 3
   for i in range(len(files)):
-    run = str(tmp_path / f'run{i}')
-    shutil.copytree(pristine, run)
+    run = six_steps.copy_stopped(tmp_path / f'run{i}')
     damage(run, 4, 'flipped bytes', file_index=i)
     capfd.readouterr()
     trainer.loop.train_and_evaluate(config, run, stop_after_steps=0)

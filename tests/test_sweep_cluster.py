@@ -17,7 +17,8 @@ import pytest
 import sweep
 from trainer import runner
 
-pytestmark = pytest.mark.slow
+# The whole machine: --parallel=2 cuts two slices of cores, and the SLURM jobs may use both.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('all_cores')]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,13 +45,6 @@ def get_sweep(arg=''):
                                                                'train.log_every': 10}}))),
       variants=variants, seeds=(0,), metrics=('eval_accuracy', 'eval_loss'))
 '''
-
-
-@pytest.fixture(scope='module', autouse=True)
-def whole_machine(all_cores):
-  """--parallel=2 needs two cores, and the SLURM jobs may use both."""
-  del all_cores
-  yield
 
 
 def _sweep(*args):
