@@ -51,7 +51,8 @@ config.init_from, config.data.data_dir = sys.argv[2], sys.argv[3]
 config.allow_unfinished_init_from = True  # the pretraining's first 200 steps, on purpose
 # The corpus's sentences are short: 48 tokens keep almost all of them whole.
 config.data.update(max_examples=4000, max_seq_length=48)
-config.train.update(num_steps=150, eval_every=150, checkpoint_every=150)
+# 75 steps: eval accuracy 0.898 (0.910 after 150; the bar is 0.6).
+config.train.update(num_steps=75, eval_every=75, checkpoint_every=75)
 trainer.loop.train_and_evaluate(config, sys.argv[1])
 """
 

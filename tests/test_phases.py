@@ -148,11 +148,18 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
   assert abs(losses[4] - losses[3]) < 0.1 * losses[3], losses
 
   # Stopped in phase 1, exactly at the boundary, just after it, then run to the end: the
-  # same run.
-  resumed = str(tmp_path / 'resumed')
+  # same run. Each resumed start reads its checkpoint into the state's shapes and shardings
+  # alone: no state is initialized first.
+  resumed, targets, restore = str(tmp_path / 'resumed'), [], checkpoints.restore
+  monkeypatch.setattr(checkpoints, 'restore',
+                      lambda mngr, target, workdir: targets.append(target) or restore(
+                          mngr, target, workdir))
   for stop_after in (BOUNDARY - 1, 1, 1, None):
     state = trainer.loop.train_and_evaluate(config, resumed, stop_after_steps=stop_after,
                                             devices=one)
+  assert len(targets) == 3 and all(isinstance(x, jax.ShapeDtypeStruct)
+                                   for x in jax.tree.leaves(targets)), [
+                                       type(x) for x in jax.tree.leaves(targets)][:2]
   assert int(state.step) == 6
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params),
                jax.device_get(straight.params))

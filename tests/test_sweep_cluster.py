@@ -24,10 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task;
 # with arg 'broken', a third whose pretraining stops at once for a real error (32 hidden units
-# in 3 heads). A pretraining is 4,000 steps on the suite's 8 simulated devices: more than two
-# allocations of the SLURM test's time limit hold (at most 35 s each, startup included; on a
-# 2-core Xeon with nothing else running its first two held 1,409 and 1,034 steps).
-STEPS = 4000
+# in 3 heads). Under SLURM a pretraining is 4,000 steps on the suite's 8 simulated devices: more
+# than two allocations of the SLURM test's time limit hold (at most 35 s each, startup included;
+# on a 2-core Xeon with nothing else running its first two held 1,409 and 1,034 steps). Side by
+# side, 600: the SIGTERM comes at step 100, while both are running.
+STEPS, SIDE_BY_SIDE_STEPS = 4000, 600
 MICRO = '''
 def get_sweep(arg=''):
   small = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
@@ -38,8 +39,8 @@ def get_sweep(arg=''):
     variants += (('broken', {{'lm.model.num_heads': 3}}),)
   return dict(
       stages=(('lm', 'configs/gpt.py:tiny',
-               dict(small, **{{'train.num_steps': {steps}, 'train.eval_every': 2000,
-                              'train.eval_steps': 2, 'train.checkpoint_every': 2000,
+               dict(small, **{{'train.num_steps': {steps}, 'train.eval_every': {half},
+                              'train.eval_steps': 2, 'train.checkpoint_every': {half},
                               'optimizer.warmup_steps': 10}})),
               ('ft', 'configs/gpt_finetune.py', dict(small, **{{'train.num_steps': 20,
                                                                'train.log_every': 10}}))),
@@ -66,25 +67,37 @@ def _finals(workdir):
   return finals
 
 
-@pytest.fixture(scope='module')
-def sweep_file(tmp_path_factory, shared_data_dir):
-  path = tmp_path_factory.mktemp('sweep') / 'micro.py'
-  path.write_text(MICRO.format(data_dir=shared_data_dir, steps=STEPS))
+def _sweep_file(directory, data_dir, steps):
+  path = directory / 'micro.py'
+  path.write_text(MICRO.format(data_dir=data_dir, steps=steps, half=steps // 2))
   return str(path)
 
 
-@pytest.fixture(scope='module')
-def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
-  workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
+def _one_at_a_time(sweep_file, directory, env):
+  """Each run's final eval line and results after the sweep ran one run at a time."""
+  workdir = str(directory / 'w')
   subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
-                 capture_output=True, text=True, env=default_compile_env)
+                 capture_output=True, text=True, env=env)
   finals = _finals(workdir)
   assert len(finals) == 4 and all(results for _, results in finals.values())
   return finals
 
 
+@pytest.fixture(scope='module')
+def sweep_file(tmp_path_factory, shared_data_dir):
+  return _sweep_file(tmp_path_factory.mktemp('sweep'), shared_data_dir, STEPS)
+
+
+@pytest.fixture(scope='module')
+def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
+  return _one_at_a_time(sweep_file, tmp_path_factory.mktemp('sequential'), default_compile_env)
+
+
 def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
-    sweep_file, one_at_a_time, tmp_path, default_compile_env):
+    tmp_path, shared_data_dir, default_compile_env):
+  steps = SIDE_BY_SIDE_STEPS
+  sweep_file = _sweep_file(tmp_path, shared_data_dir, steps)
+  one_at_a_time = _one_at_a_time(sweep_file, tmp_path / 'sequential', default_compile_env)
   workdir = str(tmp_path / 'w')
   process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
                                     '--parallel=2'),
@@ -94,7 +107,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
           ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
   deadline = time.time() + 300
   while time.time() < deadline and process.poll() is None:
-    if all(os.path.exists(log) and f'step 100/{STEPS}' in open(log).read() for log in logs):
+    if all(os.path.exists(log) and f'step 100/{steps}' in open(log).read() for log in logs):
       process.send_signal(signal.SIGTERM)  # both pretrainings are running
       break
     time.sleep(0.05)
@@ -104,7 +117,7 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
   for log in logs:
     stopped_at = [json.loads(line)['step'] for line in
                   open(log.replace('logs/lm__', 'lm/').replace('.log', '/metrics.jsonl'))]
-    assert 100 <= max(stopped_at) < STEPS
+    assert 100 <= max(stopped_at) < steps, stopped_at
 
   again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
                          capture_output=True, text=True, check=False, env=default_compile_env)

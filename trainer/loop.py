@@ -106,11 +106,15 @@ def setup(config, workdir: str, mesh) -> Run:
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
 
-  # Model and state, restored with the data position when the workdir has a checkpoint.
-  objective, schedule, state, train_step, eval_step = build(config, mesh)
+  # Model and state, restored with the data position when the workdir has a checkpoint. A
+  # restored state needs only the shapes and shardings to read into: nothing is initialized
+  # (no init program, no second copy of the state on the devices while the checkpoint is read).
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
+  restoring = mngr.latest_step() is not None
+  objective, schedule, state, train_step, eval_step = build(config, mesh,
+                                                            materialize=not restoring)
   data, positions = None, 0
-  if mngr.latest_step() is not None:
+  if restoring:
     check_resumable_params(config, workdir, state.params)
     state, data = checkpoints.restore(mngr, state, workdir)
     positions = data['positions'] or 0
