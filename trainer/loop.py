@@ -109,12 +109,11 @@ def setup(config, workdir: str, mesh) -> Run:
   # Model and state, restored with the data position when the workdir has a checkpoint. A
   # restored state needs only the shapes and shardings to read into: nothing is initialized
   # (no init program, no second copy of the state on the devices while the checkpoint is read).
-  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
-  restoring = mngr.latest_step() is not None
   objective, schedule, state, train_step, eval_step = build(config, mesh,
-                                                            materialize=not restoring)
+                                                            materialize=not resuming)
+  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   data, positions = None, 0
-  if restoring:
+  if resuming:
     check_resumable_params(config, workdir, state.params)
     state, data = checkpoints.restore(mngr, state, workdir)
     positions = data['positions'] or 0
