@@ -25,11 +25,11 @@ FINETUNE_STEPS = {'offline_next': 200, 'offline_capitalized': 150, 'offline_span
 _ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
 
 _RUN = """
-import os, sys
+import json, os, sys
 from configs import bert_finetune
 import trainer.loop
 root, pretrained, data_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-for task, finetune_steps in zip(sys.argv[4::2], map(int, sys.argv[5::2])):
+for task, finetune_steps in json.loads(sys.argv[4]).items():
   config = bert_finetune.get_config(task)
   config.init_from = pretrained
   config.data.data_dir = data_dir
@@ -69,7 +69,7 @@ def runs(pretrained, shared_data_dir, tmp_path_factory):
   root = str(tmp_path_factory.mktemp('bert_finetune'))
   result = subprocess.run(
       [sys.executable, '-c', _RUN, root, str(pretrained), shared_data_dir,
-       *(str(x) for item in FINETUNE_STEPS.items() for x in item)],
+       json.dumps(FINETUNE_STEPS)],
       cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return root
