@@ -89,11 +89,10 @@ def pytest_configure(config):
   config.addinivalue_line('markers', 'slow: slower end-to-end tests (kept in CI)')
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture
 def all_cores():
   """This worker, and the processes it starts meanwhile, on every core of the machine for a
-  module whose processes need them (sweep.py --parallel cuts the cores into slices; SLURM's
-  daemons run its jobs)."""
+  test whose processes need them (sweep.py --parallel cuts the cores into slices)."""
   pinned = os.sched_getaffinity(0)
   os.sched_setaffinity(0, ALL_CORES)
   yield
@@ -109,23 +108,24 @@ def default_compile_env() -> dict[str, str]:
   return dict(os.environ, XLA_FLAGS=' '.join(flags))
 
 
-# Seconds of test time each file took in the fast and the slow tier (1fcb1cb's fast tier and
-# f9a2a84's slow tier, this 2-core Xeon). Only a schedule: files not listed take 8 s or less in
-# the fast tier and 20 s or less in the slow.
+# Seconds of test time each file took in the fast and the slow tier, this 2-core Xeon: 1fcb1cb's
+# fast tier; the slow tier's run of 22m10s once test_sweep_cluster's sweeps slept in their steps
+# (test_sweep_cluster's own figure from its 260 steps, alone). Only a schedule: files not listed
+# take 8 s or less in the fast tier and 20 s or less in the slow.
 FILE_SECONDS = {
-    'test_sweep_cluster.py': (0, 814), 'test_faults.py': (1, 383), 'test_notebooks.py': (0, 327),
-    'test_bert_finetune_train.py': (0, 310), 'test_multihost.py': (0, 130),
-    'test_elmo_train.py': (1, 182), 'test_gpt_train.py': (0, 169), 'test_aot.py': (35, 115),
-    'test_cove_train.py': (0, 139), 'test_preemption.py': (0, 108), 'test_cvt_train.py': (0, 111),
-    'test_train.py': (23, 82), 'test_translation.py': (9, 78), 'test_fused_attention.py': (17, 65),
-    'test_sweep.py': (1, 70), 'test_workers.py': (20, 42), 'test_aot_gpu.py': (25, 10),
-    'test_bad_input.py': (32, 0), 'test_transformer.py': (12, 20), 'test_gpt_model.py': (22, 7),
-    'test_cove.py': (25, 4), 'test_bench.py': (0, 13), 'test_phases.py': (18, 7),
-    'test_decoding.py': (16, 5), 'test_bert_features.py': (14, 4), 'test_peers.py': (15, 0),
-    'test_lm_objective.py': (15, 0), 'test_convert_checkpoint.py': (14, 0),
-    'test_bert_model.py': (13, 0), 'test_bert_pretraining.py': (12, 0),
-    'test_bilm_objective.py': (11, 0), 'test_bert_finetune.py': (10, 0),
-    'test_flash_dropout.py': (25, 8),
+    'test_notebooks.py': (0, 365), 'test_sweep_cluster.py': (0, 329), 'test_faults.py': (1, 282),
+    'test_bert_finetune_train.py': (0, 179), 'test_elmo_train.py': (1, 166),
+    'test_cove_train.py': (0, 150), 'test_aot.py': (35, 113), 'test_gpt_train.py': (0, 142),
+    'test_preemption.py': (0, 118), 'test_cvt_train.py': (0, 113), 'test_multihost.py': (0, 110),
+    'test_train.py': (23, 83), 'test_translation.py': (9, 82), 'test_fused_attention.py': (17, 70),
+    'test_sweep.py': (1, 75), 'test_workers.py': (20, 44), 'test_flash_dropout.py': (25, 14),
+    'test_aot_gpu.py': (25, 12), 'test_transformer.py': (12, 21), 'test_bad_input.py': (32, 0),
+    'test_gpt_model.py': (22, 8), 'test_cove.py': (25, 4), 'test_phases.py': (18, 7),
+    'test_newer_jax.py': (0, 22), 'test_decoding.py': (16, 5), 'test_bert_features.py': (14, 3),
+    'test_lm_objective.py': (15, 0), 'test_bench.py': (0, 15), 'test_peers.py': (15, 0),
+    'test_convert_checkpoint.py': (14, 0), 'test_bert_model.py': (13, 0),
+    'test_bert_pretraining.py': (12, 0), 'test_bilm_objective.py': (11, 0),
+    'test_bert_finetune.py': (10, 0),
 }
 
 

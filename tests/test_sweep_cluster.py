@@ -17,18 +17,21 @@ import pytest
 import sweep
 from trainer import runner
 
-# The whole machine: --parallel=2 cuts two slices of cores, and the SLURM jobs may use both.
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('all_cores')]
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task;
 # with arg 'broken', a third whose pretraining stops at once for a real error (32 hidden units
-# in 3 heads). Under SLURM a pretraining is 4,000 steps on the suite's 8 simulated devices: more
-# than two allocations of the SLURM test's time limit hold (at most 35 s each, startup included;
-# on a 2-core Xeon with nothing else running its first two held 1,409 and 1,034 steps). Side by
-# side, 600: the SIGTERM comes at step 100, while both are running.
-STEPS, SIDE_BY_SIDE_STEPS = 4000, 600
+# in 3 heads). Each pretraining is 260 steps, and the sweeps' runs sleep a while in each step
+# (tests/fixtures/slow_steps), so that their steps take wall time, not CPU time. Under SLURM a
+# step takes 0.25 s more: 65 s of steps, more than two allocations of the SLURM test's time limit
+# hold (at most 38 s, then 24 s, each less a start of 4-8 s; in a slow-tier run of 300 steps,
+# the two jobs on one core, the first held 86 steps and the next five 27-50). Side by side, 0.1 s:
+# the SIGTERM comes at step 100, while both are running (a run that got going t seconds before
+# the other is about 10 t steps ahead). The same sweep run one at a time, at full speed, gives
+# the results that both tests must reach.
+STEPS, SLURM_STEP_SECONDS, SIDE_BY_SIDE_STEP_SECONDS = 260, 0.25, 0.1
 MICRO = '''
 def get_sweep(arg=''):
   small = {{'data.data_dir': {data_dir!r}, 'model.hidden_size': 32, 'model.num_layers': 1,
@@ -73,6 +76,13 @@ def _sweep_file(directory, data_dir, steps):
   return str(path)
 
 
+def _with_sleeping_steps(env, seconds):
+  """`env` for sweeps whose train.py steps each sleep `seconds` more (tests/fixtures/slow_steps)."""
+  slow_steps = os.path.join(ROOT, 'tests', 'fixtures', 'slow_steps')
+  return dict(env, LM_LINEAGE_TEST_STEP_SECONDS=str(seconds),
+              PYTHONPATH=os.pathsep.join(filter(None, [slow_steps, env.get('PYTHONPATH')])))
+
+
 def _one_at_a_time(sweep_file, directory, env):
   """Each run's final eval line and results after the sweep ran one run at a time."""
   workdir = str(directory / 'w')
@@ -93,21 +103,19 @@ def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
   return _one_at_a_time(sweep_file, tmp_path_factory.mktemp('sequential'), default_compile_env)
 
 
+@pytest.mark.usefixtures('all_cores')  # --parallel=2 cuts the machine's cores into two slices
 def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
-    tmp_path, shared_data_dir, default_compile_env):
-  steps = SIDE_BY_SIDE_STEPS
-  sweep_file = _sweep_file(tmp_path, shared_data_dir, steps)
-  one_at_a_time = _one_at_a_time(sweep_file, tmp_path / 'sequential', default_compile_env)
+    sweep_file, one_at_a_time, tmp_path, default_compile_env):
   workdir = str(tmp_path / 'w')
+  env = _with_sleeping_steps(default_compile_env, SIDE_BY_SIDE_STEP_SECONDS)
   process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
                                     '--parallel=2'),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=default_compile_env)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
   logs = [os.path.join(workdir, 'logs', name) for name in
           ('lm__seed=0.log', 'lm__learning_rate=0.003,seed=0.log')]
   deadline = time.time() + 300
   while time.time() < deadline and process.poll() is None:
-    if all(os.path.exists(log) and f'step 100/{steps}' in open(log).read() for log in logs):
+    if all(os.path.exists(log) and f'step 100/{STEPS}' in open(log).read() for log in logs):
       process.send_signal(signal.SIGTERM)  # both pretrainings are running
       break
     time.sleep(0.05)
@@ -117,10 +125,10 @@ def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
   for log in logs:
     stopped_at = [json.loads(line)['step'] for line in
                   open(log.replace('logs/lm__', 'lm/').replace('.log', '/metrics.jsonl'))]
-    assert 100 <= max(stopped_at) < steps, stopped_at
+    assert 100 <= max(stopped_at) < STEPS, stopped_at
 
   again = subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}', '--parallel=2'),
-                         capture_output=True, text=True, check=False, env=default_compile_env)
+                         capture_output=True, text=True, check=False, env=env)
   assert again.returncode == 0, again.stdout + again.stderr
   assert again.stdout.startswith('4 runs, up to 2 at once: slice 1/2 (cores ')
   assert 'running on slice 1/2' in again.stdout and 'running on slice 2/2' in again.stdout
@@ -180,7 +188,8 @@ def slurm_cluster(tmp_path, default_compile_env):
       'SchedulerParameters=sched_interval=2,bf_interval=2',
       f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
       'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
-  env = dict(default_compile_env, SLURM_CONF=str(conf))  # the jobs train as users' runs do
+  # The jobs train as users' runs do, each step SLURM_STEP_SECONDS longer.
+  env = _with_sleeping_steps(dict(default_compile_env, SLURM_CONF=str(conf)), SLURM_STEP_SECONDS)
   subprocess.run(['slurmctld', '-i'], check=True, env=env)
   subprocess.run(['slurmd'], check=True, env=env)
   deadline = time.time() + 60
@@ -221,7 +230,8 @@ def test_a_sweep_through_slurm_outlives_a_one_minute_time_limit_and_a_failure_st
   s, so 5-35 s into each allocation): every pretraining needs three or more allocations, and
   requeues itself after each stop until it has finished; its fine-tuning waits for that. The
   'broken' variant's pretraining fails for a real error: it is not requeued, and SLURM cancels
-  its fine-tuning only."""
+  its fine-tuning only. This test and its jobs stay on this worker's core: the jobs are mostly
+  asleep."""
   workdir = str(tmp_path / 'w')
   submitted = subprocess.run(_sweep(f'--sweep={sweep_file}:broken', f'--workdir={workdir}',
                                     '--slurm=submit', '--gpus_per_run=0',
