@@ -70,12 +70,6 @@ def _finals(workdir):
   return finals
 
 
-def _sweep_file(directory, data_dir, steps):
-  path = directory / 'micro.py'
-  path.write_text(MICRO.format(data_dir=data_dir, steps=steps, half=steps // 2))
-  return str(path)
-
-
 def _with_sleeping_steps(env, seconds):
   """`env` for sweeps whose train.py steps each sleep `seconds` more (tests/fixtures/slow_steps)."""
   slow_steps = os.path.join(ROOT, 'tests', 'fixtures', 'slow_steps')
@@ -83,24 +77,23 @@ def _with_sleeping_steps(env, seconds):
               PYTHONPATH=os.pathsep.join(filter(None, [slow_steps, env.get('PYTHONPATH')])))
 
 
-def _one_at_a_time(sweep_file, directory, env):
-  """Each run's final eval line and results after the sweep ran one run at a time."""
-  workdir = str(directory / 'w')
-  subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
-                 capture_output=True, text=True, env=env)
-  finals = _finals(workdir)
-  assert len(finals) == 4 and all(results for _, results in finals.values())
-  return finals
-
-
 @pytest.fixture(scope='module')
 def sweep_file(tmp_path_factory, shared_data_dir):
-  return _sweep_file(tmp_path_factory.mktemp('sweep'), shared_data_dir, STEPS)
+  path = tmp_path_factory.mktemp('sweep') / 'micro.py'
+  path.write_text(MICRO.format(data_dir=shared_data_dir, steps=STEPS, half=STEPS // 2))
+  return str(path)
 
 
 @pytest.fixture(scope='module')
 def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
-  return _one_at_a_time(sweep_file, tmp_path_factory.mktemp('sequential'), default_compile_env)
+  """Each run's final eval line and results after the sweep ran one run at a time, at full
+  speed."""
+  workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
+  subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
+                 capture_output=True, text=True, env=default_compile_env)
+  finals = _finals(workdir)
+  assert len(finals) == 4 and all(results for _, results in finals.values())
+  return finals
 
 
 @pytest.mark.usefixtures('all_cores')  # --parallel=2 cuts the machine's cores into two slices
