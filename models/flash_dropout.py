@@ -36,6 +36,13 @@ BACKWARD_BLOCKS = (64, 64)
 _LOG2_E = math.log2(math.e)
 
 
+def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:
+  """A tile's matrix product in float32, either side transposed (what `pl.dot` did; jax 0.11
+  deprecated it, 0.12 removed it): one dot_general, which Triton lowers without a transpose."""
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
 def _mix(x: Array) -> Array:
   """A bijection of uint32 words in which every output bit depends on every input bit
   (MurmurHash3's finalizer: two multiply-xorshift rounds)."""
@@ -108,7 +115,7 @@ def tiles(length: int, num_keys: int, head_dim: int) -> bool:
 def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array]:
   """A tile's scores in base-2 units (log2(e) / sqrt(K) q k^T), NEG_INF where not visible, and
   where they are visible."""
-  scores = pl.dot(q, k, trans_b=True) * (_LOG2_E / math.sqrt(q.shape[-1]))
+  scores = _dot(q, k, trans_b=True) * (_LOG2_E / math.sqrt(q.shape[-1]))
   seen = (q_ids[:, None] == kv_ids[None, :]) & (kv_ids > 0)[None, :]
   if causal:
     seen &= rows[:, None] >= cols[None, :]
@@ -143,7 +150,7 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref
     if rate:
       p = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), p, 0.0)
     v = v_ref[span, :]
-    acc = acc * decay[:, None] + pl.dot(p.astype(v.dtype), v)
+    acc = acc * decay[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total
 
   start = (jnp.zeros((block_q, q.shape[1]), jnp.float32),
@@ -173,16 +180,16 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     q, dout = q_ref[span, :], dout_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids_ref[span], kv_ids, causal)
     p = jnp.exp2(scores - lse_ref[span][:, None])
-    dprobs = pl.dot(dout, v, trans_b=True) * scale
+    dprobs = _dot(dout, v, trans_b=True) * scale
     if rate:
       kept = _keep(key, rows[:, None], cols[None, :], S, rate)
-      dv = dv + pl.dot(jnp.where(kept, p * scale, 0.0).astype(dout.dtype), dout, trans_a=True)
+      dv = dv + _dot(jnp.where(kept, p * scale, 0.0).astype(dout.dtype), dout, trans_a=True)
       dprobs = jnp.where(kept, dprobs, 0.0)
     else:
-      dv = dv + pl.dot(p.astype(dout.dtype), dout, trans_a=True)
+      dv = dv + _dot(p.astype(dout.dtype), dout, trans_a=True)
     # A query that sees no key has probabilities over what it visits, but no gradient to them.
     dscores = jnp.where(seen, p * (dprobs - delta_ref[span][:, None]), 0.0)
-    dk = dk + pl.dot(dscores.astype(q.dtype), q, trans_a=True)
+    dk = dk + _dot(dscores.astype(q.dtype), q, trans_a=True)
     return dk, dv
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
@@ -208,11 +215,11 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
     k = k_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
     p = jnp.exp2(scores - lse[:, None])
-    dprobs = pl.dot(dout, v_ref[span, :], trans_b=True) * scale
+    dprobs = _dot(dout, v_ref[span, :], trans_b=True) * scale
     if rate:
       dprobs = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), dprobs, 0.0)
     dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
-    return dq + pl.dot(dscores.astype(k.dtype), k)
+    return dq + _dot(dscores.astype(k.dtype), k)
 
   stop = _key_blocks(t, block_q, block_k, S, causal)
   dq = jax.lax.fori_loop(0, stop, visit, jnp.zeros((block_q, K), jnp.float32))
