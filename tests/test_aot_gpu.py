@@ -56,18 +56,23 @@ def test_auto_attention_per_platform_dtype_and_head_width():
   with pytest.raises(ValueError, match='cudnn computes in bfloat16 or float16'):
     trainer.checks.model_config(config, 'gpu')
   config.model.dtype = 'auto'
-  config.model.attention_dropout_rate = 0.1  # cuDNN's dropout: opt-in, auto keeps XLA's
+  config.model.attention_dropout_rate = 0.1  # cuDNN's dropout: opt-in
   assert trainer.checks.model_config(config, 'gpu').attention == 'cudnn'
   config.model.scan_layers = True  # the backward's masks were not the forward's (an H200)
   with pytest.raises(ValueError, match='set model.scan_layers=False or use model.attention=xla'):
     trainer.checks.model_config(config, 'gpu')
   config.model.scan_layers = False
-  config.model.attention = 'auto'
-  assert trainer.checks.model_config(config, 'gpu').attention == 'xla'
+  config.model.attention = 'auto'  # with attention dropout: ours on a GPU, XLA's elsewhere
+  assert trainer.checks.model_config(config, 'gpu').attention == 'triton'
+  assert trainer.checks.model_config(config, 'tpu').attention == 'xla'
+  assert trainer.checks.model_config(config, 'cpu').attention == 'xla'
+  config.model.dtype = 'float32'  # ours takes any float dtype
+  assert trainer.checks.model_config(config, 'gpu').attention == 'triton'
+  config.model.dtype = 'auto'
   config.model.attention = 'flash'
   with pytest.raises(ValueError, match='attention_dropout_rate=0.1: set it to 0'):
     trainer.checks.model_config(config, 'tpu')
-  config.model.attention = 'triton'  # ours: dropout from the step's RNG, under scan too; opt-in
+  config.model.attention = 'triton'  # ours: dropout from the step's RNG, under scan too
   config.model.scan_layers = True
   assert trainer.checks.model_config(config, 'gpu').attention == 'triton'
   with pytest.raises(ValueError, match='triton is a GPU kernel and this runs on cpu'):

@@ -64,15 +64,17 @@ def _check_cudnn_dropout(fields: dict[str, Any]) -> None:
 def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   """The fused kernel of the platform where it computes the same function, else XLA's.
 
-  With dropout on the attention probabilities (BERT's and GPT's 0.1) XLA's: the flash kernel
-  has none, and cuDNN's is opt-in (model.attention=cudnn): it draws its masks from a seed of
-  each layer's own, not from the step's RNG (layers.cudnn_dropout_attention), and on an H200
-  its masks' rates spread twice as wide as independent draws would (docs/accelerators.md).
-  Ours (model.attention=triton) is opt-in until a GPU has measured it.
+  With dropout on the attention probabilities (BERT's and GPT's 0.1): on a GPU ours
+  (model.attention=triton, models/flash_dropout.py), whose masks come from the step's RNG and
+  which an H200 checked against XLA's attention (docs/accelerators.md); elsewhere XLA's, as the
+  TPU flash kernel has no dropout. cuDNN's dropout stays opt-in (model.attention=cudnn): it draws
+  its masks from a seed of each layer's own, not from the step's RNG
+  (layers.cudnn_dropout_attention), and on an H200 its masks' rates spread twice as wide as
+  independent draws would.
   cuDNN takes 16-bit inputs and heads of at most 128 (A100; 256 from H100 on), multiples of 8.
   """
   if fields['attention_dropout_rate']:
-    return 'xla'
+    return 'triton' if platform == 'gpu' else 'xla'
   if platform == 'tpu':
     return 'flash' if layers.tpu_flash else 'xla'
   head_dim = fields['hidden_size'] // fields['num_heads']
