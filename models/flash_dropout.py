@@ -37,8 +37,8 @@ _LOG2_E = math.log2(math.e)
 
 
 def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:
-  """A tile's matrix product in float32, either side transposed (what `pl.dot` did; jax 0.11
-  deprecated it, 0.12 removed it): one dot_general, which Triton lowers without a transpose."""
+  """A tile's matrix product in float32, either side transposed: the dot_general `pl.dot` made
+  (jax 0.11 deprecated `pl.dot`, 0.12 removed it)."""
   dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
