@@ -5,7 +5,6 @@ stops each pretraining several times: each job requeues itself until its run has
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -79,18 +78,6 @@ def _with_sleeping_steps(env, seconds):
 
 
 @pytest.fixture(scope='module')
-def sweep_env(default_compile_env):
-  """os.environ for the sweeps: XLA's default compile, as users' runs, and one CPU device a run.
-  What these tests check (the schedule, the stops, requeues and resumes, the results against
-  one run at a time) does not depend on the device count, and the suite's 8 simulated devices
-  on one core made each micro step 5 times as long (68 ms against 13)."""
-  flags = re.sub(r'--xla_force_host_platform_device_count=\d+', '',
-                 default_compile_env['XLA_FLAGS']).split()
-  return dict(default_compile_env,
-              XLA_FLAGS=' '.join(flags + ['--xla_force_host_platform_device_count=1']))
-
-
-@pytest.fixture(scope='module')
 def sweep_file(tmp_path_factory, shared_data_dir):
   path = tmp_path_factory.mktemp('sweep') / 'micro.py'
   path.write_text(MICRO.format(data_dir=shared_data_dir, steps=STEPS, half=STEPS // 2))
@@ -98,12 +85,12 @@ def sweep_file(tmp_path_factory, shared_data_dir):
 
 
 @pytest.fixture(scope='module')
-def one_at_a_time(sweep_file, tmp_path_factory, sweep_env):
+def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
   """Each run's final eval line and results after the sweep ran one run at a time, at full
   speed."""
   workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
   subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
-                 capture_output=True, text=True, env=sweep_env)
+                 capture_output=True, text=True, env=default_compile_env)
   finals = _finals(workdir)
   assert len(finals) == 4 and all(results for _, results in finals.values())
   return finals
@@ -111,9 +98,9 @@ def one_at_a_time(sweep_file, tmp_path_factory, sweep_env):
 
 @pytest.mark.usefixtures('all_cores')  # --parallel=2 cuts the machine's cores into two slices
 def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
-    sweep_file, one_at_a_time, tmp_path, sweep_env):
+    sweep_file, one_at_a_time, tmp_path, default_compile_env):
   workdir = str(tmp_path / 'w')
-  env = _with_sleeping_steps(sweep_env, SIDE_BY_SIDE_STEP_SECONDS)
+  env = _with_sleeping_steps(default_compile_env, SIDE_BY_SIDE_STEP_SECONDS)
   process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
                                     '--parallel=2'),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -151,7 +138,7 @@ def _free_port():
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path, sweep_env):
+def slurm_cluster(tmp_path, default_compile_env):
   """A one-node SLURM cluster of this machine; yields its environment (SLURM_CONF)."""
   if not shutil.which('slurmctld'):
     if os.geteuid() != 0 or not shutil.which('apt-get'):
@@ -195,7 +182,7 @@ def slurm_cluster(tmp_path, sweep_env):
       f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
       'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
   # The jobs train as users' runs do, each step SLURM_STEP_SECONDS longer.
-  env = _with_sleeping_steps(dict(sweep_env, SLURM_CONF=str(conf)), SLURM_STEP_SECONDS)
+  env = _with_sleeping_steps(dict(default_compile_env, SLURM_CONF=str(conf)), SLURM_STEP_SECONDS)
   subprocess.run(['slurmctld', '-i'], check=True, env=env)
   subprocess.run(['slurmd'], check=True, env=env)
   deadline = time.time() + 60
