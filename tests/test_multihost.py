@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from trainer import slices
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -22,10 +24,8 @@ def run_hosts(workdir, data_dir, files, stop_after, hosts=2, interrupts=()):
   `interrupts`: per host, the step after which it gets a Ctrl-C (0: none). The processes keep
   the tests' compile flags (conftest's FAST_COMPILE): they run 2-4 steps, so they mostly compile."""
   port = free_port()
-  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
-           if not f.startswith('--xla_force_host_platform_device_count=')]
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
-      [f'--xla_force_host_platform_device_count={4 // hosts}'] + flags))
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=slices.with_cpu_devices(os.environ.get('XLA_FLAGS', ''), 4 // hosts))
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multihost_worker.py'), str(port),
                              str(i), str(hosts), workdir, data_dir, files, str(stop_after)]
                             + ([str(interrupts[i])] if interrupts else []),

@@ -106,6 +106,12 @@ def cpu_device_count(xla_flags: str | None = None) -> int:
   return int(found[-1]) if found else 1
 
 
+def with_cpu_devices(xla_flags: str, count: int) -> str:
+  """`xla_flags` with the host platform's device count set to `count` (any earlier count dropped)."""
+  return ' '.join(_FORCE_DEVICES.sub('', xla_flags).split()
+                  + [f'--xla_force_host_platform_device_count={count}'])
+
+
 def cut(parallel: int, kind: str | None = None,
         devices: tuple[int, ...] | None = None) -> list[Slice]:
   """`parallel` equal slices of the local devices; one line naming the fix if they don't divide."""
@@ -139,9 +145,7 @@ def cut(parallel: int, kind: str | None = None,
              'TPU_MESH_CONTROLLER_PORT': port, 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'}
     else:
       num_devices = cpu_device_count()
-      flags = _FORCE_DEVICES.sub('', os.environ.get('XLA_FLAGS', '')).split()
-      env = {'XLA_FLAGS': ' '.join(
-          flags + [f'--xla_force_host_platform_device_count={num_devices}'])}
+      env = {'XLA_FLAGS': with_cpu_devices(os.environ.get('XLA_FLAGS', ''), num_devices)}
     slices.append(Slice(i + 1, parallel, kind, own, num_devices, tuple(sorted(env.items()))))
   return slices
 
