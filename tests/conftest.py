@@ -14,40 +14,29 @@ fast math either way); only the machine code differs, and the tests' steps are
 tiny, so compiling is most of their time (the fast tier: 7m03s -> 4m15s on a
 2-core Xeon; docs/testing.md). They are XLA flags of the pinned jaxlib, and XLA
 stops a process on a flag it does not know, so under another jaxlib the tests
-compile with XLA's defaults. Programs that train for minutes compile with the
-defaults, as users' runs do: the subprocesses that set XLA_FLAGS themselves
-(train.py and the notebooks end to end, in the slow tier; test_multihost's 2-4-step
-hosts keep FAST_COMPILE) and those started with the `default_compile_env` fixture
-(test_sweep_cluster's 4,000-step sweeps).
+compile with XLA's defaults. Programs that train for minutes run FAST_COMPILE's
+code too slowly: the slow tier's end-to-end subprocesses (train.py, the notebooks'
+kernels, the sweeps) take tests/end_to_end.py's environment instead, LLVM at -O1,
+whose steps run as fast as XLA's default -O2 (test_multihost's 2-4-step hosts
+keep FAST_COMPILE).
 """
 
 import collections
-from importlib import metadata
 import os
-import re
 import shutil
 import sys
 import tempfile
 
 import pytest
 
+import end_to_end  # tests/, on sys.path for its conftest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
 
-
-def _pinned_jaxlib() -> bool:
-  """Whether the installed jaxlib is requirements.txt's, whose XLA knows FAST_COMPILE's flags."""
-  with open(os.path.join(ROOT, 'requirements.txt')) as f:
-    pinned = re.search(r'^jaxlib==(\S+)', f.read(), re.M)
-  try:
-    return bool(pinned) and metadata.version('jaxlib') == pinned.group(1)
-  except metadata.PackageNotFoundError:
-    return False
-
-
 os.environ['XLA_FLAGS'] = ' '.join(
     [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
-     FAST_COMPILE if _pinned_jaxlib() else '']).strip()
+     FAST_COMPILE if end_to_end.pinned_jaxlib() else '']).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, ROOT)
 
@@ -101,11 +90,11 @@ def all_cores():
 
 @pytest.fixture(scope='session')
 def default_compile_env() -> dict[str, str]:
-  """os.environ for programs that train for minutes (sweeps of 4,000-step runs): XLA_FLAGS
-  without FAST_COMPILE, so that they compile as users' runs do. FAST_COMPILE's code ran a micro
-  GPT's 3,000 steps at 10.6k tokens/s against 27.0k with XLA's defaults."""
+  """os.environ for programs that train for minutes (sweeps of micro GPTs): XLA_FLAGS with
+  tests/end_to_end.py's compile instead of FAST_COMPILE. FAST_COMPILE's code ran a micro GPT's
+  3,000 steps at 10.6k tokens/s against 27.0k with XLA's defaults."""
   flags = [f for f in os.environ['XLA_FLAGS'].split() if f not in FAST_COMPILE.split()]
-  return dict(os.environ, XLA_FLAGS=' '.join(flags))
+  return dict(os.environ, XLA_FLAGS=' '.join(flags + [end_to_end.COMPILE]).strip())
 
 
 # Seconds of test time each file took in the fast and the slow tier, this 2-core Xeon: 1fcb1cb's

@@ -16,13 +16,15 @@ import sys
 import numpy as np
 import pytest
 
+import end_to_end
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_STEPS = 300
 # The pair task needs its 200 steps (0.625 eval accuracy; 0.584 after 150, against the bar of
 # 0.56); tagging and spans pass their bars well after 150 (span F1 0.52 against 0.3; EM 11.2 and
 # F1 30.3 against 8 and 22), as after 200 (0.58; 12.2 and 29.6).
 FINETUNE_STEPS = {'offline_next': 200, 'offline_capitalized': 150, 'offline_span': 150}
-_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
+_ENV = end_to_end.env()
 
 _RUN = """
 import json, os, sys

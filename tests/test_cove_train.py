@@ -12,6 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+import end_to_end
+
 import trainer.state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +63,7 @@ def trained(tmp_path_factory, shared_data_dir):
   sentences = os.path.join(workdir, 'sentences.txt')
   with open(sentences, 'w', encoding='utf-8') as f:
     f.write('\n'.join(SENTENCES) + '\n')
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_PLATFORMS='cpu')
+  env = end_to_end.env()
   result = subprocess.run([sys.executable, '-c', _RUN, workdir, shared_data_dir, sentences],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
                           check=False)

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+import end_to_end
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,8 +45,7 @@ def runs(tmp_path_factory, shared_data_dir):
   workdirs = {name: str(tmp_path_factory.mktemp(name))
               for name in ('cvt', 'supervised', 'multitask')}
   data_dir = shared_data_dir
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_PLATFORMS='cpu')
+  env = end_to_end.env()
   result = subprocess.run(
       [sys.executable, '-c', _RUNS, workdirs['cvt'], workdirs['supervised'], data_dir,
        workdirs['multitask']],

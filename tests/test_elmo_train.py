@@ -11,6 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import end_to_end
+
 from configs import elmo as elmo_configs
 import extract_features
 from input_pipeline.common import sources
@@ -18,7 +20,7 @@ from input_pipeline.common import words as words_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One device: 8 simulated devices on 2 cores would slow these runs several times.
-_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
+_ENV = end_to_end.env()
 
 
 @pytest.fixture(scope='module')

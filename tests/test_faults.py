@@ -21,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import end_to_end
 import input_pipeline
 from test_train import micro_config
 from trainer import checkpoints
@@ -439,7 +440,7 @@ def command(workdir, data_dir, num_steps=48):
           '--config.train.eval_steps=2']
 
 
-ENV = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+ENV = end_to_end.env()  # one CPU device, compiled as the slow tier's end-to-end runs
 # Data chunks of 20 documents: many units, so that a killed input worker is felt.
 SMALL_CHUNKS = ['--config.data.docs_per_chunk=20']
 

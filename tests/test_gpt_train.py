@@ -11,6 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import end_to_end
+
 from configs import gpt_finetune as finetune_configs
 import input_pipeline
 from models import gpt
@@ -32,7 +34,7 @@ def read_metrics(workdir):
 
 
 # Subprocesses on one device: 8 simulated devices on 2 cores would double the time of these steps.
-_ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu')
+_ENV = end_to_end.env()
 PRETRAIN_STEPS = 200
 _PRETRAIN = """
 import sys

@@ -8,6 +8,8 @@ import nbclient
 import nbformat
 import pytest
 
+import end_to_end
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, 'notebooks')
 sys.path.insert(0, ROOT)
@@ -50,7 +52,7 @@ def _outputs(notebook) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize('name,devices', [('bert', 8), ('elmo', 1), ('lineage', 1)])
 def test_notebook_runs_top_to_bottom(name, devices, tmp_path, monkeypatch, shared_data_dir):
-  monkeypatch.setenv('XLA_FLAGS', f'--xla_force_host_platform_device_count={devices}')
+  monkeypatch.setenv('XLA_FLAGS', end_to_end.xla_flags(devices))
   monkeypatch.setenv('NOTEBOOK_WORKDIR', str(tmp_path / 'runs'))
   monkeypatch.setenv('LM_LINEAGE_DATA_DIR', shared_data_dir)
   path = os.path.join(NOTEBOOKS, f'{name}.ipynb')

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Two pretrainings (learning rates) of a micro GPT, each fine-tuned on the offline pair task;
 # with arg 'broken', a third whose pretraining stops at once for a real error (32 hidden units
 # in 3 heads). Each pretraining is 260 steps, and the sweeps' runs sleep a while in each step
-# (tests/fixtures/slow_steps), so that their steps take wall time, not CPU time. Under SLURM a
+# (tests/fixtures/sweep_runs), so that their steps take wall time, not CPU time. Under SLURM a
 # step takes 0.25 s more: 65 s of steps, more than two allocations of the SLURM test's time limit
 # hold (at most 38 s, then 24 s, each less a start of 4-8 s; in a slow-tier run of 300 steps,
 # the two jobs on one core, the first held 86 steps and the next five 27-50). Side by side, 0.1 s:
@@ -71,10 +71,26 @@ def _finals(workdir):
 
 
 def _with_sleeping_steps(env, seconds):
-  """`env` for sweeps whose train.py steps each sleep `seconds` more (tests/fixtures/slow_steps)."""
-  slow_steps = os.path.join(ROOT, 'tests', 'fixtures', 'slow_steps')
-  return dict(env, LM_LINEAGE_TEST_STEP_SECONDS=str(seconds),
-              PYTHONPATH=os.pathsep.join(filter(None, [slow_steps, env.get('PYTHONPATH')])))
+  """`env` for sweeps whose train.py steps each sleep `seconds` more (tests/fixtures/sweep_runs)."""
+  return dict(env, LM_LINEAGE_TEST_STEP_SECONDS=str(seconds))
+
+
+@pytest.fixture(scope='module')
+def sweep_env(default_compile_env):
+  """os.environ for the sweeps: XLA's default compile, as users' runs; one CPU device a run, on
+  one core (tests/fixtures/sweep_runs). What these tests check (the schedule, the stops, requeues
+  and resumes, the results against one run at a time) does not depend on the device count, and
+  the suite's 8 simulated devices made each micro step 5 times as long on one core (68 ms against
+  13). On one device a run's sums depend on its threads (a fine-tuning eval differed in the 8th
+  digit between two cores and one), hence one core for every run, wherever the test runs."""
+  flags = [f for f in default_compile_env['XLA_FLAGS'].split()
+           if not f.startswith('--xla_force_host_platform_device_count=')]
+  runs = os.path.join(ROOT, 'tests', 'fixtures', 'sweep_runs')
+  return dict(default_compile_env,
+              XLA_FLAGS=' '.join(flags + ['--xla_force_host_platform_device_count=1']),
+              LM_LINEAGE_TEST_ONE_CORE='1',
+              PYTHONPATH=os.pathsep.join(filter(None, [runs,
+                                                       default_compile_env.get('PYTHONPATH')])))
 
 
 @pytest.fixture(scope='module')
@@ -85,12 +101,12 @@ def sweep_file(tmp_path_factory, shared_data_dir):
 
 
 @pytest.fixture(scope='module')
-def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
+def one_at_a_time(sweep_file, tmp_path_factory, sweep_env):
   """Each run's final eval line and results after the sweep ran one run at a time, at full
   speed."""
   workdir = str(tmp_path_factory.mktemp('sequential') / 'w')
   subprocess.run(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}'), check=True,
-                 capture_output=True, text=True, env=default_compile_env)
+                 capture_output=True, text=True, env=sweep_env)
   finals = _finals(workdir)
   assert len(finals) == 4 and all(results for _, results in finals.values())
   return finals
@@ -98,9 +114,9 @@ def one_at_a_time(sweep_file, tmp_path_factory, default_compile_env):
 
 @pytest.mark.usefixtures('all_cores')  # --parallel=2 cuts the machine's cores into two slices
 def test_side_by_side_gives_the_same_results_and_survives_a_sigterm(
-    sweep_file, one_at_a_time, tmp_path, default_compile_env):
+    sweep_file, one_at_a_time, tmp_path, sweep_env):
   workdir = str(tmp_path / 'w')
-  env = _with_sleeping_steps(default_compile_env, SIDE_BY_SIDE_STEP_SECONDS)
+  env = _with_sleeping_steps(sweep_env, SIDE_BY_SIDE_STEP_SECONDS)
   process = subprocess.Popen(_sweep(f'--sweep={sweep_file}', f'--workdir={workdir}',
                                     '--parallel=2'),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -138,7 +154,7 @@ def _free_port():
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path, default_compile_env):
+def slurm_cluster(tmp_path, sweep_env):
   """A one-node SLURM cluster of this machine; yields its environment (SLURM_CONF)."""
   if not shutil.which('slurmctld'):
     if os.geteuid() != 0 or not shutil.which('apt-get'):
@@ -182,7 +198,7 @@ def slurm_cluster(tmp_path, default_compile_env):
       f'NodeName={host} CPUs={os.cpu_count()} RealMemory={memory} State=UNKNOWN',
       'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP', '']))
   # The jobs train as users' runs do, each step SLURM_STEP_SECONDS longer.
-  env = _with_sleeping_steps(dict(default_compile_env, SLURM_CONF=str(conf)), SLURM_STEP_SECONDS)
+  env = _with_sleeping_steps(dict(sweep_env, SLURM_CONF=str(conf)), SLURM_STEP_SECONDS)
   subprocess.run(['slurmctld', '-i'], check=True, env=env)
   subprocess.run(['slurmd'], check=True, env=env)
   deadline = time.time() + 60

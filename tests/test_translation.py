@@ -10,6 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+import end_to_end
+
 from configs import transformer_wmt
 from input_pipeline import translation
 import input_pipeline
@@ -162,8 +164,7 @@ trainer.loop.train_and_evaluate(config, sys.argv[1])
 def trained(tmp_path_factory, shared_data_dir):
   workdir = str(tmp_path_factory.mktemp('mt_tiny'))
   data_dir = shared_data_dir
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_PLATFORMS='cpu')
+  env = end_to_end.env()
   result = subprocess.run([sys.executable, '-c', _RUN, workdir, data_dir], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
