@@ -77,8 +77,8 @@ def _with_sleeping_steps(env, seconds):
 
 @pytest.fixture(scope='module')
 def sweep_env(default_compile_env):
-  """os.environ for the sweeps: XLA's default compile, as users' runs; one CPU device a run, on
-  one core (tests/fixtures/sweep_runs). What these tests check (the schedule, the stops, requeues
+  """os.environ for the sweeps: tests/end_to_end.py's compile; one CPU device a run, on one core
+  (tests/fixtures/sweep_runs). What these tests check (the schedule, the stops, requeues
   and resumes, the results against one run at a time) does not depend on the device count, and
   the suite's 8 simulated devices made each micro step 5 times as long on one core (68 ms against
   13). On one device a run's sums depend on its threads (a fine-tuning eval differed in the 8th
