@@ -16,6 +16,7 @@ import pytest
 
 import sweep
 from trainer import runner
+from trainer import slices
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +84,9 @@ def sweep_env(default_compile_env):
   the suite's 8 simulated devices made each micro step 5 times as long on one core (68 ms against
   13). On one device a run's sums depend on its threads (a fine-tuning eval differed in the 8th
   digit between two cores and one), hence one core for every run, wherever the test runs."""
-  flags = [f for f in default_compile_env['XLA_FLAGS'].split()
-           if not f.startswith('--xla_force_host_platform_device_count=')]
   runs = os.path.join(ROOT, 'tests', 'fixtures', 'sweep_runs')
   return dict(default_compile_env,
-              XLA_FLAGS=' '.join(flags + ['--xla_force_host_platform_device_count=1']),
+              XLA_FLAGS=slices.with_cpu_devices(default_compile_env['XLA_FLAGS'], 1),
               LM_LINEAGE_TEST_ONE_CORE='1',
               PYTHONPATH=os.pathsep.join(filter(None, [runs,
                                                        default_compile_env.get('PYTHONPATH')])))
