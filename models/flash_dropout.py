@@ -2,11 +2,16 @@
 NVIDIA GPUs: BERT's and GPT's attention_probs_dropout_prob without XLA's unfused attention.
 
 The mask is counted, not stored: element (b, h, i, j) of the probabilities is kept where
-mix(key[b, h] ^ mix(i * S + j)) >= rate * 2^32, with `mix` a bijection of 32-bit words and
-the keys (B, H) drawn from the layer's 'dropout' RNG. So the masks come from the step's RNG
-(a resumed run draws the ones an uninterrupted run would), every layer, step and shard of the
-batch draws its own, and the backward kernels recompute the forward's mask instead of reading
-it. `keep_mask` gives the same mask as an array: `reference` is this function in XLA ops (the
+draw(row[b, h, i] ^ column[j]) >= rate * 2^32, with row[b, h, i] = mix(key[b, h] ^ mix(i)),
+column[j] = mix(j ^ COLUMN_SALT), `mix` a bijection of 32-bit words in which every output bit
+depends on every input bit, `draw` the same but its last xorshift, and the keys (B, H) drawn
+from the layer's 'dropout' RNG. A tile's row and column words are vectors (the columns' a
+constant of the program), so an element costs one xor and one `draw` (two multiplies, two
+xorshifts): half what one `mix` of a per-element counter and another of the key cost, and the
+largest part of the kernels' per-element work (peers/flash_dropout_ptx.py counts it). So the
+masks come from the step's RNG (a resumed run draws the ones an uninterrupted run would), every
+layer, step and shard of the batch draws its own, and the backward kernels recompute the
+forward's mask instead of reading it. `keep_mask` gives the same mask as an array: `reference` is this function in XLA ops (the
 lengths the kernel does not tile take it), and tests compare the kernel with it.
 
 On a GPU the kernels go through Pallas' Triton backend; elsewhere (tests on a CPU) they run in
@@ -20,6 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+import numpy as np
 
 try:  # the Triton backend's parameters: a jax that moved them compiles with Pallas' defaults
   from jax.experimental.pallas import triton as pl_triton
@@ -43,13 +49,23 @@ def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Ar
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
+def _draw(x: Array) -> Array:
+  """MurmurHash3's finalizer without its last xorshift: two xorshift-multiply rounds, a
+  bijection of uint32 words whose top bits depend on every input bit. The last xorshift
+  (x ^ x >> 16) changes only the low 16 bits, which decide a comparison with the threshold only
+  when the top 16 bits tie with its own (2^-16 of the elements), so an element's draw skips it.
+  `x` is a jax array, or a numpy one (column_words)."""
+  uint32 = np.uint32 if isinstance(x, np.ndarray) else jnp.uint32
+  x = x ^ (x >> 16)
+  x = x * uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  return x * uint32(0xC2B2AE35)
+
+
 def _mix(x: Array) -> Array:
   """A bijection of uint32 words in which every output bit depends on every input bit
-  (MurmurHash3's finalizer: two multiply-xorshift rounds)."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x85EBCA6B)
-  x = x ^ (x >> 13)
-  x = x * jnp.uint32(0xC2B2AE35)
+  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift)."""
+  x = _draw(x)
   return x ^ (x >> 16)
 
 
@@ -63,11 +79,25 @@ def keep_scale(rate: float) -> float:
   return 2.0 ** 32 / (2.0 ** 32 - _threshold(rate))
 
 
-def _keep(key: Array, rows: Array, cols: Array, num_keys: int, rate: float) -> Array:
-  """The kept elements at query positions `rows` and key positions `cols` (broadcast) of the
-  (b, h) whose key is `key`."""
-  counter = (rows * num_keys + cols).astype(jnp.uint32)
-  return _mix(key ^ _mix(counter)) >= jnp.uint32(_threshold(rate))
+COLUMN_SALT = 0x9E3779B9  # keeps column j's word apart from row j's
+
+
+def _row_words(key: Array, rows: Array) -> Array:
+  """The words of query positions `rows` (a vector) of the (b, h) whose key is `key`."""
+  return _mix(key ^ _mix(rows.astype(jnp.uint32)))
+
+
+def column_words(num_keys: int) -> np.ndarray:
+  """The (S,) words of the key positions, the same for every call: a constant of the compiled
+  program (numpy's, so no device holds it while tracing), which the kernels read as they read
+  the segment ids."""
+  return _mix(np.arange(num_keys, dtype=np.uint32) ^ np.uint32(COLUMN_SALT))
+
+
+def _keep(row_words: Array, column_words: Array, rate: float) -> Array:
+  """The kept elements (..., rows, columns) of row words (..., rows) and column words
+  (columns,): a tile's, or keep_mask's whole (B, H, L, S)."""
+  return _draw(row_words[..., :, None] ^ column_words) >= jnp.uint32(_threshold(rate))
 
 
 def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
@@ -77,9 +107,8 @@ def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
 
 def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
   """The boolean (B, H, L, S) mask the kernels apply for these keys."""
-  rows = jnp.arange(length, dtype=jnp.int32)[:, None]
-  cols = jnp.arange(num_keys, dtype=jnp.int32)[None, :]
-  return _keep(keys_BH[:, :, None, None], rows, cols, num_keys, rate)
+  rows_BHL = _row_words(keys_BH[:, :, None], jnp.arange(length, dtype=jnp.int32))
+  return _keep(rows_BHL, column_words(num_keys), rate)
 
 
 def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
@@ -116,7 +145,7 @@ def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array
   """A tile's scores in base-2 units (log2(e) / sqrt(K) q k^T), NEG_INF where not visible, and
   where they are visible."""
   scores = _dot(q, k, trans_b=True) * (_LOG2_E / math.sqrt(q.shape[-1]))
-  seen = (q_ids[:, None] == kv_ids[None, :]) & (kv_ids > 0)[None, :]
+  seen = q_ids[:, None] == kv_ids[None, :]  # padding keys come as -1 (`attention`)
   if causal:
     seen &= rows[:, None] >= cols[None, :]
   return jnp.where(seen, scores, NEG_INF), seen
@@ -129,14 +158,15 @@ def _key_blocks(q_block: Array, block_q: int, block_k: int, num_keys: int, causa
   return num_keys // block_k
 
 
-def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *,
-                    rate: float, causal: bool, block_k: int):
+def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, out_ref,
+                    lse_ref, *, rate: float, causal: bool, block_k: int):
   """One (b, h, query tile): the online softmax over the key tiles (flash attention), the
   dropout applied to each tile's probabilities before they multiply v."""
   block_q, S = q_ref.shape[0], k_ref.shape[0]
   q_block = pl.program_id(2)
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
-  q, q_ids, key = q_ref[...], q_ids_ref[...], key_ref[...]
+  q, q_ids = q_ref[...], q_ids_ref[...]
+  row_words = _row_words(key_ref[...], rows) if rate else None
 
   def visit(t, carry):
     acc, top, total = carry
@@ -148,7 +178,7 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref
     p = jnp.exp2(scores - new_top[:, None])
     total = total * decay + p.sum(axis=1)  # the normalizer counts the dropped ones too
     if rate:
-      p = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), p, 0.0)
+      p = jnp.where(_keep(row_words, columns_ref[span], rate), p, 0.0)
     v = v_ref[span, :]
     acc = acc * decay[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total
@@ -164,13 +194,15 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref
 
 def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]:
   """dK and dV of key tile `t`, summed over the query tiles that visit it. `refs` are one
-  (b, h)'s whole inputs: keys, q ids, kv ids, q, k, v, dout, lse, delta."""
-  key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, delta_ref = refs
-  (L, K), S = q_ref.shape, k_ref.shape[0]
+  (b, h)'s whole inputs: key, q ids, kv ids, column words, q, k, v, dout, lse, delta."""
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
+      delta_ref = refs
+  L, K = q_ref.shape
   block_q, block_k = BACKWARD_BLOCKS
   span_k = pl.ds(t * block_k, block_k)
   cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
-  k, v, kv_ids, key = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k], key_ref[...]
+  k, v, kv_ids = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k]
+  column_words = columns_ref[span_k] if rate else None
   scale = keep_scale(rate) if rate else 1.0
 
   def visit(i, carry):
@@ -180,34 +212,36 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     q, dout = q_ref[span, :], dout_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids_ref[span], kv_ids, causal)
     p = jnp.exp2(scores - lse_ref[span][:, None])
-    dprobs = _dot(dout, v, trans_b=True) * scale
+    dprobs = _dot(dout, v, trans_b=True)  # over `scale`, as dv's sum and dscores (see below)
     if rate:
-      kept = _keep(key, rows[:, None], cols[None, :], S, rate)
-      dv = dv + _dot(jnp.where(kept, p * scale, 0.0).astype(dout.dtype), dout, trans_a=True)
+      kept = _keep(_row_words(key_ref[...], rows), column_words, rate)
+      dv = dv + _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
       dprobs = jnp.where(kept, dprobs, 0.0)
     else:
       dv = dv + _dot(p.astype(dout.dtype), dout, trans_a=True)
     # A query that sees no key has probabilities over what it visits, but no gradient to them.
-    dscores = jnp.where(seen, p * (dprobs - delta_ref[span][:, None]), 0.0)
+    dscores = jnp.where(seen, p * (dprobs - (delta_ref[span] * (1 / scale))[:, None]), 0.0)
     dk = dk + _dot(dscores.astype(q.dtype), q, trans_a=True)
     return dk, dv
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
   first = (t * block_k) // block_q if causal else 0  # query tiles before it see none of it
   dk, dv = jax.lax.fori_loop(first, L // block_q, visit, (zeros, zeros))
-  return dk / math.sqrt(K), dv
+  return dk * (scale / math.sqrt(K)), dv * scale
 
 
 def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
   """dQ of query tile `t`, summed over the key tiles it visits (`refs` as _key_grads')."""
-  key_ref, q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, delta_ref = refs
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
+      delta_ref = refs
   K, S = q_ref.shape[1], k_ref.shape[0]
   block_q, block_k = BACKWARD_BLOCKS
   span_q = pl.ds(t * block_q, block_q)
   rows = t * block_q + jnp.arange(block_q, dtype=jnp.int32)
-  q, dout, q_ids, key = q_ref[span_q, :], dout_ref[span_q, :], q_ids_ref[span_q], key_ref[...]
-  lse, delta = lse_ref[span_q], delta_ref[span_q]
+  q, dout, q_ids = q_ref[span_q, :], dout_ref[span_q, :], q_ids_ref[span_q]
+  row_words = _row_words(key_ref[...], rows) if rate else None
   scale = keep_scale(rate) if rate else 1.0
+  lse, delta = lse_ref[span_q], delta_ref[span_q] * (1 / scale)
 
   def visit(j, dq):
     span = pl.ds(j * block_k, block_k)
@@ -215,21 +249,21 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
     k = k_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
     p = jnp.exp2(scores - lse[:, None])
-    dprobs = _dot(dout, v_ref[span, :], trans_b=True) * scale
+    dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over `scale`, as _key_grads'
     if rate:
-      dprobs = jnp.where(_keep(key, rows[:, None], cols[None, :], S, rate), dprobs, 0.0)
+      dprobs = jnp.where(_keep(row_words, columns_ref[span], rate), dprobs, 0.0)
     dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
     return dq + _dot(dscores.astype(k.dtype), k)
 
   stop = _key_blocks(t, block_q, block_k, S, causal)
   dq = jax.lax.fori_loop(0, stop, visit, jnp.zeros((block_q, K), jnp.float32))
-  return dq / math.sqrt(K)
+  return dq * (scale / math.sqrt(K))
 
 
 def _backward_kernel(*refs, rate: float, causal: bool, grads: str):
   """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t) or 'qkv'
   (both: one kernel reads the inputs once, where there are as many query tiles as key tiles)."""
-  inputs, outputs = refs[:9], list(refs[9:])
+  inputs, outputs = refs[:10], list(refs[10:])
   t = pl.program_id(2)
   if 'q' in grads:
     dq_ref = outputs.pop(0)
@@ -269,12 +303,14 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal):
   whole = pl.BlockSpec((None, S, None, K), lambda b, h, t: (b, 0, h, 0))
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),  # the (b, h)'s key
               pl.BlockSpec((None, block_q), lambda b, h, t: (b, t)),
-              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)), tile, whole, whole]
+              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
+              pl.BlockSpec((S,), lambda b, h, t: (0,)), tile, whole, whole]
   out_specs = [tile, pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
   kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k)
   return _call(kernel, 'flash_dropout_forward', (B, H, L // block_q), in_specs, out_specs,
-               out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(keys, q_ids, kv_ids, q, k, v)
+               out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(keys, q_ids, kv_ids,
+                                                                      column_words(S), q, k, v)
 
 
 def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
@@ -286,9 +322,10 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),
               pl.BlockSpec((None, L), lambda b, h, t: (b, 0)),
               pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
+              pl.BlockSpec((S,), lambda b, h, t: (0,)),
               whole(L), whole(S), whole(S), whole(L), rows, rows]
   tile = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, t, h, 0))  # noqa: E731
-  args = (keys, q_ids, kv_ids, q, k, v, dout, lse, delta)
+  args = (keys, q_ids, kv_ids, column_words(S), q, k, v, dout, lse, delta)
 
   def call(grads: str, tiles: int):
     out_specs, out_shape, products = [], [], 0
@@ -336,5 +373,8 @@ def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_i
   L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
   if not tiles(L, S, K):
     return reference(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH, rate, causal)
-  return _attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL.astype(jnp.int32),
-                    kv_ids_BS.astype(jnp.int32), keys_BH, float(rate), causal)
+  # A padding key (id 0) is seen by no query: as id -1, which no query has, a tile's visibility
+  # is one comparison an element.
+  kv_ids_BS = jnp.where(kv_ids_BS > 0, kv_ids_BS, -1).astype(jnp.int32)
+  return _attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL.astype(jnp.int32), kv_ids_BS, keys_BH,
+                    float(rate), causal)

@@ -129,6 +129,16 @@ def test_masks_are_independent_draws_at_the_rate():
     second = np.take(draws, range(1, draws.shape[axis]), axis=axis)
     assert abs((first == second).mean() - independent) < 5 * sd * 2, axis
   assert abs((draws[:-1] == draws[1:]).mean() - independent) < 5 * sd * 2  # two steps
+  # An element's word is a row's word xor a column's: the four of a rectangle xor to zero. Its
+  # four draws must still be independent: an odd number dropped as often as independent
+  # elements at the draws' rate would have it (a mix that kept xor's structure gives none).
+  p = 1 - draws.mean()
+  odd = (1 - (1 - 2 * p) ** 4) / 2
+  for rows, cols in ((1, 1), (101, 3)):
+    dropped = ~draws.astype(bool)
+    corners = (dropped[..., :-rows, :-cols] ^ dropped[..., rows:, :-cols]
+               ^ dropped[..., :-rows, cols:] ^ dropped[..., rows:, cols:])
+    assert abs(corners.mean() - odd) < 5 * np.sqrt(odd * (1 - odd) / corners.size), (rows, cols)
 
 
 @pytest.mark.parametrize('name', ['gpt_rows', 'gpt_rows_scanned',

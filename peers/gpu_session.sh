@@ -1,0 +1,33 @@
+#!/bin/bash
+# What a session lent an NVIDIA GPU measures for our attention kernel and the two steps (issue 47),
+# most needed first, as one run of the kit's on_gpu.sh: each command's output goes to $OUT/NN.txt as
+# it finishes, so a run its deadline cuts still returns what was measured.
+#
+#   bash ../shared/gpu/prepare.sh              # here, once: the kit into .gpu/ (git-ignored)
+#   device run, carry [".gpu"], timeout_s 600:  bash peers/gpu_session.sh
+#
+# 1-2: the kernels against the same function in XLA ops (the mask bit for bit, the gradients) and
+#      one layer's call timed; 3-6: our steps and the torch.compile peers, one machine, one go;
+#      7-8: XLA's attention at the same seed, for the loss curves' comparison; 9: the profile's
+#      top kernels (beside aot.py's estimate); 10: our kernel under scan_layers.
+set -u
+cd "$(dirname "$0")/.."
+[ -f .gpu/on_gpu.sh ] || { echo "no .gpu/: run bash ../shared/gpu/prepare.sh and carry .gpu"; exit 2; }
+export OUT=${OUT:-/tmp/out}
+# The kernels' runs wait on the check's JSON line (a kernel that fails it is not worth timing).
+checked="grep -q '\"check\"' $OUT/01.txt &&"
+git log --oneline -1 2>/dev/null || true
+CURVE="python3 peers/attention_dropout_gpu.py curve"
+BERT="configs/bert_base.py:base 200 --config.train.batch_size=256"
+GPT="configs/gpt.py 200 --config.train.batch_size=64"
+DEADLINE=${DEADLINE:-550} exec bash .gpu/on_gpu.sh \
+  "python3 peers/flash_dropout_gpu.py check" \
+  "$checked python3 peers/flash_dropout_gpu.py time" \
+  "$checked $CURVE $BERT --config.model.attention=triton" \
+  "$checked $CURVE $GPT --config.model.attention=triton" \
+  "python3 .gpu/peer_torch_bert_gpu.py 12 768 12 3072 256 128 20 0.1 compile" \
+  "python3 peers/gpt_torch_gpu.py --batch_size=64 --mode=compile" \
+  "$CURVE $BERT --config.model.attention=xla" \
+  "$CURVE $GPT --config.model.attention=xla" \
+  "$checked python3 bench.py --config=configs/bert_base.py:base --config.train.batch_size=256 --input_seconds=0 --steps=10 --profile=/tmp/profile_bert" \
+  "$checked $CURVE configs/bert_base.py:base 100 --config.train.batch_size=256 --config.model.attention=triton --config.model.scan_layers=True"
