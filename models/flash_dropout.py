@@ -1,18 +1,20 @@
 """Flash attention with dropout on the attention probabilities inside the kernel (Pallas), for
 NVIDIA GPUs: BERT's and GPT's attention_probs_dropout_prob without XLA's unfused attention.
 
-The mask is counted, not stored: element (b, h, i, j) of the probabilities is kept where
-draw(row[b, h, i] ^ column[j]) >= rate * 2^32, with row[b, h, i] = mix(key[b, h] ^ mix(i)),
-column[j] = mix(j ^ COLUMN_SALT), `mix` a bijection of 32-bit words in which every output bit
-depends on every input bit, `draw` the same but its last xorshift, and the keys (B, H) drawn
-from the layer's 'dropout' RNG. A tile's row and column words are vectors (the columns' a
-constant of the program), so an element costs one xor and one `draw` (two multiplies, two
-xorshifts): half what one `mix` of a per-element counter and another of the key cost, and the
-largest part of the kernels' per-element work (peers/flash_dropout_ptx.py counts it). So the
-masks come from the step's RNG (a resumed run draws the ones an uninterrupted run would), every
-layer, step and shard of the batch draws its own, and the backward kernels recompute the
-forward's mask instead of reading it. `keep_mask` gives the same mask as an array: `reference` is this function in XLA ops (the
-lengths the kernel does not tile take it), and tests compare the kernel with it.
+The mask is counted, not stored. Query i of (b, h) has the word row = mix(key[b, h] ^ mix(i)),
+with the keys (B, H) drawn from the layer's 'dropout' RNG; the pair of key positions (2c, 2c + 1)
+has the word column = mix(c ^ COLUMN_SALT); and mix(row ^ column), `mix` a bijection of 32-bit
+words in which every output bit depends on every input bit, gives element (b, h, i, 2c) its low
+16 bits and (b, h, i, 2c + 1) its high 16 bits. An element is dropped where its 16 bits fall
+below rate * 2^16, as models/dropout.py draws XLA's path's masks. A tile's row words are a
+vector, the column words a constant of the program, so two elements cost one xor and one `mix`:
+a quarter of what a `mix` of a per-element counter and another of the key cost an element,
+which was the largest part of the kernels' per-element work (peers/flash_dropout_ptx.py counts
+it). So the masks come from the step's RNG (a resumed run draws the ones an uninterrupted run
+would), every layer, step and shard of the batch draws its own, and the backward kernels
+recompute the forward's mask instead of reading it. `keep_mask` gives the same mask as an
+array: `reference` is this function in XLA ops (the lengths the kernel does not tile take it),
+and tests compare the kernel with it.
 
 On a GPU the kernels go through Pallas' Triton backend; elsewhere (tests on a CPU) they run in
 Pallas' interpret mode. Each kernel declares its FLOPs in its metadata, so that aot.py's
@@ -49,34 +51,27 @@ def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Ar
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _draw(x: Array) -> Array:
-  """MurmurHash3's finalizer without its last xorshift: two xorshift-multiply rounds, a
-  bijection of uint32 words whose top bits depend on every input bit. The last xorshift
-  (x ^ x >> 16) changes only the low 16 bits, which decide a comparison with the threshold only
-  when the top 16 bits tie with its own (2^-16 of the elements), so an element's draw skips it.
-  `x` is a jax array, or a numpy one (column_words)."""
+def _mix(x: Array) -> Array:
+  """A bijection of uint32 words in which every output bit depends on every input bit
+  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift). `x` is a jax
+  array, or a numpy one (column_words)."""
   uint32 = np.uint32 if isinstance(x, np.ndarray) else jnp.uint32
   x = x ^ (x >> 16)
   x = x * uint32(0x85EBCA6B)
   x = x ^ (x >> 13)
-  return x * uint32(0xC2B2AE35)
-
-
-def _mix(x: Array) -> Array:
-  """A bijection of uint32 words in which every output bit depends on every input bit
-  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift)."""
-  x = _draw(x)
+  x = x * uint32(0xC2B2AE35)
   return x ^ (x >> 16)
 
 
 def _threshold(rate: float) -> int:
-  """Elements whose 32 bits fall below this are dropped: the rate to within 2^-32."""
-  return min(round(rate * 2.0 ** 32), 2 ** 32 - 1)
+  """Elements whose 16 bits fall below this are dropped: the rate to within 2^-16, as
+  models/dropout.py's (0.1 -> 0.1000061)."""
+  return min(round(rate * 2.0 ** 16), 2 ** 16 - 1)
 
 
 def keep_scale(rate: float) -> float:
   """1 / P(keep): what kept probabilities are multiplied by."""
-  return 2.0 ** 32 / (2.0 ** 32 - _threshold(rate))
+  return 2.0 ** 16 / (2.0 ** 16 - _threshold(rate))
 
 
 COLUMN_SALT = 0x9E3779B9  # keeps column j's word apart from row j's
@@ -88,16 +83,22 @@ def _row_words(key: Array, rows: Array) -> Array:
 
 
 def column_words(num_keys: int) -> np.ndarray:
-  """The (S,) words of the key positions, the same for every call: a constant of the compiled
-  program (numpy's, so no device holds it while tracing), which the kernels read as they read
-  the segment ids."""
-  return _mix(np.arange(num_keys, dtype=np.uint32) ^ np.uint32(COLUMN_SALT))
+  """The words of the key positions' pairs (2c, 2c + 1), ceil(S / 2) of them, the same for every
+  call: a constant of the compiled program (numpy's, so no device holds it while tracing),
+  which the kernels read as they read the segment ids."""
+  return _mix(np.arange((num_keys + 1) // 2, dtype=np.uint32) ^ np.uint32(COLUMN_SALT))
 
 
-def _keep(row_words: Array, column_words: Array, rate: float) -> Array:
-  """The kept elements (..., rows, columns) of row words (..., rows) and column words
-  (columns,): a tile's, or keep_mask's whole (B, H, L, S)."""
-  return _draw(row_words[..., :, None] ^ column_words) >= jnp.uint32(_threshold(rate))
+def _keep(row_words: Array, pair_words: Array, rate: float) -> Array:
+  """The kept elements (..., rows, 2 x pairs) of row words (..., rows) and the words of pairs of
+  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S). Each element pair's draw gives
+  its low 16 bits to column 2c and its high 16 bits to column 2c + 1."""
+  draws = _mix(row_words[..., :, None] ^ pair_words)
+  dropped = _threshold(rate)
+  low = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
+  high = draws >= jnp.uint32(dropped << 16)  # (draws >> 16) >= dropped
+  pairs = jnp.stack([low, high], axis=-1)
+  return pairs.reshape(*pairs.shape[:-2], 2 * pairs.shape[-2])
 
 
 def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
@@ -108,7 +109,7 @@ def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
 def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
   """The boolean (B, H, L, S) mask the kernels apply for these keys."""
   rows_BHL = _row_words(keys_BH[:, :, None], jnp.arange(length, dtype=jnp.int32))
-  return _keep(rows_BHL, column_words(num_keys), rate)
+  return _keep(rows_BHL, column_words(num_keys), rate)[..., :num_keys]
 
 
 def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
@@ -151,6 +152,11 @@ def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array
   return jnp.where(seen, scores, NEG_INF), seen
 
 
+def pairs(tile: Array, block_k: int):
+  """The column pairs' words of key tile `tile` (`columns_ref`'s slice)."""
+  return pl.ds(tile * (block_k // 2), block_k // 2)
+
+
 def _key_blocks(q_block: Array, block_q: int, block_k: int, num_keys: int, causal: bool):
   """How many key tiles a query tile visits: with causality, none past its last query."""
   if causal:
@@ -178,7 +184,7 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v
     p = jnp.exp2(scores - new_top[:, None])
     total = total * decay + p.sum(axis=1)  # the normalizer counts the dropped ones too
     if rate:
-      p = jnp.where(_keep(row_words, columns_ref[span], rate), p, 0.0)
+      p = jnp.where(_keep(row_words, columns_ref[pairs(t, block_k)], rate), p, 0.0)
     v = v_ref[span, :]
     acc = acc * decay[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total
@@ -202,7 +208,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
   span_k = pl.ds(t * block_k, block_k)
   cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
   k, v, kv_ids = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k]
-  column_words = columns_ref[span_k] if rate else None
+  pair_words = columns_ref[pairs(t, block_k)] if rate else None
   scale = keep_scale(rate) if rate else 1.0
 
   def visit(i, carry):
@@ -214,7 +220,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     p = jnp.exp2(scores - lse_ref[span][:, None])
     dprobs = _dot(dout, v, trans_b=True)  # over `scale`, as dv's sum and dscores (see below)
     if rate:
-      kept = _keep(_row_words(key_ref[...], rows), column_words, rate)
+      kept = _keep(_row_words(key_ref[...], rows), pair_words, rate)
       dv = dv + _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
       dprobs = jnp.where(kept, dprobs, 0.0)
     else:
@@ -251,7 +257,7 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
     p = jnp.exp2(scores - lse[:, None])
     dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over `scale`, as _key_grads'
     if rate:
-      dprobs = jnp.where(_keep(row_words, columns_ref[span], rate), dprobs, 0.0)
+      dprobs = jnp.where(_keep(row_words, columns_ref[pairs(j, block_k)], rate), dprobs, 0.0)
     dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
     return dq + _dot(dscores.astype(k.dtype), k)
 
@@ -304,7 +310,7 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal):
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),  # the (b, h)'s key
               pl.BlockSpec((None, block_q), lambda b, h, t: (b, t)),
               pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S,), lambda b, h, t: (0,)), tile, whole, whole]
+              pl.BlockSpec((S // 2,), lambda b, h, t: (0,)), tile, whole, whole]
   out_specs = [tile, pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
   kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k)
@@ -322,7 +328,7 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),
               pl.BlockSpec((None, L), lambda b, h, t: (b, 0)),
               pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S,), lambda b, h, t: (0,)),
+              pl.BlockSpec((S // 2,), lambda b, h, t: (0,)),
               whole(L), whole(S), whole(S), whole(L), rows, rows]
   tile = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, t, h, 0))  # noqa: E731
   args = (keys, q_ids, kv_ids, column_words(S), q, k, v, dout, lse, delta)

@@ -112,7 +112,8 @@ def test_the_output_shows_the_mask_of_keep_mask():
 def test_masks_are_independent_draws_at_the_rate():
   """16 draws of (4 x 4) x 128 x 128: each draw's rate within the binomial spread, the draws'
   spread that of independent elements (cuDNN's was twice it on an H200: docs/accelerators.md),
-  and neighbours along every axis, and two draws, agreeing as independent elements would."""
+  and neighbours along every axis, the two halves of a draw, two draws, and the corners of a
+  rectangle, agreeing as independent elements would."""
   rate, shape = 0.1, (4, 4, 128, 128)
   draws = np.stack([np.asarray(flash_dropout.keep_mask(
       flash_dropout.dropout_keys(jax.random.key(seed), *shape[:2]), *shape[2:], rate))
@@ -129,8 +130,12 @@ def test_masks_are_independent_draws_at_the_rate():
     second = np.take(draws, range(1, draws.shape[axis]), axis=axis)
     assert abs((first == second).mean() - independent) < 5 * sd * 2, axis
   assert abs((draws[:-1] == draws[1:]).mean() - independent) < 5 * sd * 2  # two steps
-  # An element's word is a row's word xor a column's: the four of a rectangle xor to zero. Its
-  # four draws must still be independent: an odd number dropped as often as independent
+  # Keys 2c and 2c + 1 take the low and the high 16 bits of one draw: they must agree as often
+  # as independent elements (the neighbours above mix these pairs with others).
+  pair_sd = np.sqrt(independent * (1 - independent) / (draws.size / 2))
+  assert abs((draws[..., 0::2] == draws[..., 1::2]).mean() - independent) < 5 * pair_sd
+  # An element's word is a row's word xor a column pair's: the four of a rectangle xor to zero.
+  # Its four draws must still be independent: an odd number dropped as often as independent
   # elements at the draws' rate would have it (a mix that kept xor's structure gives none).
   p = 1 - draws.mean()
   odd = (1 - (1 - 2 * p) ** 4) / 2
