@@ -41,6 +41,9 @@ NEG_INF = -1e9  # as layers.NEG_INF: a query that sees no key spreads evenly ove
 # multiples of them, and head sizes that are not powers of two of at least 16, take `reference`.
 FORWARD_BLOCKS = (128, 64)
 BACKWARD_BLOCKS = (64, 64)
+# Triton's launch parameters, as first written (peers/flash_dropout_gpu.py time --variants times
+# other tiles and these on a GPU).
+TRITON_PARAMS = {'num_warps': 4, 'num_stages': 2}
 _LOG2_E = math.log2(math.e)
 
 
@@ -294,7 +297,7 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float)
   def build(interpret: bool):
     params = {}
     if pl_triton is not None and not interpret:
-      params['compiler_params'] = pl_triton.CompilerParams(num_warps=4, num_stages=2)
+      params['compiler_params'] = pl_triton.CompilerParams(**TRITON_PARAMS)
     return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
                           out_shape=out_shape, interpret=interpret, name=name,
                           metadata={'flops': str(int(flops))}, **params)

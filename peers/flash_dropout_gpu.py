@@ -3,7 +3,7 @@ model.attention=triton) against the same function in XLA ops with the same masks
 against that XLA attention. Prints one JSON line.
 
     python peers/flash_dropout_gpu.py check [--small]
-    python peers/flash_dropout_gpu.py time [--small]
+    python peers/flash_dropout_gpu.py time [--small] [--variants]
 
 check: output, dq, dk and dv of the Triton kernels against flash_dropout.reference with the same
 keys, float32 and bfloat16, for BERT's padded rows, GPT's causal rows and a cross attention; and
@@ -14,6 +14,8 @@ the one the CPU's interpret mode checked.
 time: milliseconds of one jitted forward and backward (the gradients of q, k and v) at
 BERT-base's attention (256 x 128, 12 heads of 64, padded rows) and GPT-1's (64 x 512, causal),
 bfloat16, the kernels against the reference (XLA's unfused attention with the same masks).
+With --variants, also the kernels at other tiles and Triton launch parameters (VARIANTS): their
+time, and their gradients against the first's (flash_dropout's own tiles; the same masks).
 
 --small runs tiny shapes, so that the script can be tried on a CPU (interpret mode).
 """
@@ -31,6 +33,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
 
 RATE = 0.1
+# (forward tiles, backward tiles, num_warps, num_stages): flash_dropout's own first.
+VARIANTS = [(flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
+             flash_dropout.TRITON_PARAMS['num_warps'], flash_dropout.TRITON_PARAMS['num_stages']),
+            ((128, 64), (64, 64), 4, 3), ((128, 64), (64, 64), 8, 2), ((64, 64), (64, 64), 4, 2),
+            ((128, 128), (64, 64), 8, 2), ((128, 64), (128, 128), 8, 2),
+            ((128, 64), (32, 32), 4, 2), ((64, 128), (64, 64), 4, 2)]
 
 
 def _cases(small: bool) -> dict[str, tuple]:
@@ -118,11 +126,51 @@ def timing(small: bool) -> dict:
   return results
 
 
+def variants(small: bool) -> dict:
+  """Our kernels' milliseconds (as `timing`'s) at each of VARIANTS."""
+  kept = (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
+          dict(flash_dropout.TRITON_PARAMS))
+  shapes = {'bert_base 256x128': (256, 128, 12, 64, False), 'gpt1 64x512': (64, 512, 12, 64, True)}
+  if small:
+    shapes = {'small 2x128': (2, 128, 2, 64, False)}
+  results, firsts = {}, {}
+  try:
+    for forward, backward, warps, stages in VARIANTS:
+      flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS = forward, backward
+      flash_dropout.TRITON_PARAMS = {'num_warps': warps, 'num_stages': stages}
+      name = f'forward {forward} backward {backward} warps {warps} stages {stages}'
+      figures = {}
+      for shape, (B, L, H, K, causal) in shapes.items():
+        q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
+        ids = jnp.ones((B, L), jnp.int32)
+        step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(flash_dropout.attention(
+            q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
+            argnums=(0, 1, 2)))
+        try:
+          figures[f'{shape} ms'] = round(_milliseconds(step, (q, k, v), 2 if small else 50), 3)
+          grads = [np.asarray(g, np.float32) for g in step(q, k, v)]
+        except Exception as e:  # pylint: disable=broad-except (a tile Triton cannot compile)
+          figures[f'{shape} ms'] = f'failed: {str(e).splitlines()[0][:200]}'
+          continue
+        first = firsts.setdefault(shape, grads)  # the same masks: only rounding may differ
+        figures[f'{shape} dq dk dv against the first (of the largest entry)'] = [
+            round(float(np.abs(g - f).max() / np.abs(f).max()), 6) for g, f in zip(grads, first)]
+      results[name] = figures
+      print(json.dumps({name: figures}), flush=True)  # as it comes: a deadline keeps the rest
+  finally:
+    (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
+     flash_dropout.TRITON_PARAMS) = kept
+  return results
+
+
 def main() -> None:
   small = '--small' in sys.argv
   what = {'check': check, 'time': timing}[sys.argv[1]]
   print(json.dumps({sys.argv[1]: what(small), 'device': jax.devices()[0].device_kind,
                     'jax': jax.__version__}), flush=True)
+  if sys.argv[1] == 'time' and '--variants' in sys.argv:
+    print(json.dumps({'variants': variants(small), 'device': jax.devices()[0].device_kind,
+                      'jax': jax.__version__}), flush=True)
 
 
 if __name__ == '__main__':

@@ -22,22 +22,14 @@ import re
 import sys
 import tempfile
 
-DUMP = tempfile.mkdtemp(prefix='flash_dropout_ptx_')
-os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} --xla_dump_to={DUMP}'.strip()
-
-from absl import app  # noqa: E402  pylint: disable=wrong-import-position
-from absl import flags  # noqa: E402  pylint: disable=wrong-import-position
-import jax  # noqa: E402  pylint: disable=wrong-import-position
-import jax.numpy as jnp  # noqa: E402  pylint: disable=wrong-import-position
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import aot  # noqa: E402  pylint: disable=wrong-import-position
 from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
-
-flags.DEFINE_float('rate', 0.1, 'The attention dropout rate.')
-flags.DEFINE_string('topology', 'h100:1', "aot.py's name of the GPU to compile for.")
 
 # name: (batch, length, heads, head size, causal): BERT-base's and GPT-1's attention.
 CASES = {'bert_base_256x128': (256, 128, 12, 64, False), 'gpt1_64x512': (64, 512, 12, 64, True)}
@@ -95,10 +87,20 @@ def count(ptx: str) -> dict:
           'total': sum(all_kinds.values()), 'whole': dict(all_kinds.most_common())}
 
 
-def compile_case(name: str, devices, rate: float) -> dict[str, dict]:
+def dump_to_new_folder() -> str:
+  """Before jax's backends start (the first compile): XLA is to write what it compiles, PTX
+  included, into a new folder, on this CPU."""
+  folder = tempfile.mkdtemp(prefix='flash_dropout_ptx_')
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} --xla_dump_to={folder}'.strip()
+  return folder
+
+
+def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
   """Compiles the gradient of one attention call; returns {kernel name: counts}."""
   B, L, H, K, causal = CASES[name]
-  before = set(os.listdir(DUMP))
+  before = set(os.listdir(dump))
 
   def loss(q, k, v, ids, keys):
     return jnp.sum(flash_dropout.attention(q, k, v, ids, ids, keys, rate, causal).astype(
@@ -110,25 +112,28 @@ def compile_case(name: str, devices, rate: float) -> dict[str, dict]:
            jax.ShapeDtypeStruct((B, H), jnp.uint32, sharding=sharding)]
   jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
   kernels = {}
-  for file in sorted(set(os.listdir(DUMP)) - before):
+  for file in sorted(set(os.listdir(dump)) - before):
     if file.endswith('.ptx'):
-      ptx = open(os.path.join(DUMP, file), encoding='utf-8').read()
+      ptx = open(os.path.join(dump, file), encoding='utf-8').read()
       entry = re.search(r'\.entry\s+(flash_dropout_\w+)', ptx)
       if entry:
         kernels[entry.group(1)] = count(ptx)
   if not kernels:
-    raise SystemExit(f'{name}: no flash_dropout kernel in the PTX XLA wrote to {DUMP}')
+    raise SystemExit(f'{name}: no flash_dropout kernel in the PTX XLA wrote to {dump}')
   return kernels
 
 
 def main(argv):
   del argv
+  dump = dump_to_new_folder()
   _, devices = aot.topology_devices(flags.FLAGS.topology)
   for name in CASES:
-    for kernel, counts in compile_case(name, devices, flags.FLAGS.rate).items():
+    for kernel, counts in compile_case(name, devices, flags.FLAGS.rate, dump).items():
       print(json.dumps({'case': name, 'kernel': kernel, 'rate': flags.FLAGS.rate,
                         'topology': flags.FLAGS.topology, **counts}))
 
 
 if __name__ == '__main__':
+  flags.DEFINE_float('rate', 0.1, 'The attention dropout rate.')
+  flags.DEFINE_string('topology', 'h100:1', "aot.py's name of the GPU to compile for.")
   app.run(main)

@@ -61,3 +61,35 @@ def test_a_peer_prints_one_json_line(script, args):
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result['batch_size'] == 2 and result['seq_len'] == 16 and result['step_seconds'] > 0
   assert 0 < result['final_loss'] < 20
+
+
+PTX = '''
+.visible .entry flash_dropout_forward(
+\t.param .u64 flash_dropout_forward_param_0
+)
+{
+\tmov.u32 \t%r1, 0;
+$L__BB0_1:
+\tmul.lo.s32 \t%r2, %r1, -2048144789;
+\txor.b32 \t%r3, %r2, %r1;
+\tsetp.gt.u32 \t%p2, %r3, 6554;
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r4}, %rd1, %rd2;
+\t@%p1 bra \t$L__BB0_1;
+\tbra.uni \t$L__BB0_3;
+$L__BB0_3:
+\tex2.approx.f32 \t%r5, %r4;
+\tst.global.v4.b32 \t[%rd3], {%r5, %r5, %r5, %r5};
+\tret;
+}
+'''
+
+
+def test_the_ptx_count_takes_the_loops_instructions_by_kind():
+  import flash_dropout_ptx  # pylint: disable=g-import-not-at-top (imports jax and aot.py)
+  counts = flash_dropout_ptx.count(PTX)
+  # The loop: from its label to the branch back (a forward branch opens no loop).
+  assert counts['in_loops'] == {'integer multiply': 1, 'integer logic and shift': 1,
+                                'compare and select': 1, 'tensor core': 1,
+                                'other (moves, address arithmetic, branches)': 1}
+  assert counts['in_loops_total'] == 5 and counts['total'] == 10
+  assert counts['whole']['exp and log'] == 1 and counts['whole']['memory'] == 1
