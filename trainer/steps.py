@@ -17,12 +17,18 @@ from trainer import sharding
 # turns on, named one by one (openxla.org/xla/gpu_optimization_levels; JAX's GPU performance
 # tips): collectives scheduled to overlap compute, the data-parallel ones pipelined across
 # scanned layers, and a scan's loop unrolled twice so one layer's collectives overlap the next.
+# And no merging of matrix products that share an operand: jaxlib 0.11.2's XLA merges attention's
+# query and key projections into one product and then copies the halves apart for our attention
+# kernel (a Pallas call takes whole arrays), 1.2 ms a step of BERT-base (256 x 128) and of GPT-1
+# (64 x 512) on an H100 by aot.py's estimate (45.9 -> 44.7 and 59.8 -> 58.6 ms); the pinned
+# jaxlib merged nothing there (44.7 and 58.7 ms either way).
 GPU_COMPILER_OPTIONS = {
     'xla_gpu_enable_latency_hiding_scheduler': True,
     'xla_gpu_enable_pipelined_all_gather': True,
     'xla_gpu_enable_pipelined_reduce_scatter': True,
     'xla_gpu_enable_pipelined_all_reduce': True,
     'xla_gpu_enable_while_loop_double_buffering': True,
+    'xla_gpu_dot_merger_threshold_mb': 0,
 }
 # Of each GPU's memory, what JAX's allocator may take (its default, 0.75, leaves a quarter
 # unused; NVIDIA's JAX guide runs at 0.8-0.9). train.py sets it unless the user did; aot.py
