@@ -77,7 +77,7 @@ def keep_scale(rate: float) -> float:
   return 2.0 ** 16 / (2.0 ** 16 - _threshold(rate))
 
 
-COLUMN_SALT = 0x9E3779B9  # keeps column j's word apart from row j's
+COLUMN_SALT = 0x9E3779B9  # keeps the word of column pair c apart from row c's
 
 
 def _row_words(key: Array, rows: Array) -> Array:
@@ -155,8 +155,8 @@ def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array
   return jnp.where(seen, scores, NEG_INF), seen
 
 
-def pairs(tile: Array, block_k: int):
-  """The column pairs' words of key tile `tile` (`columns_ref`'s slice)."""
+def _pair_span(tile: Array, block_k: int):
+  """Where key tile `tile`'s column pairs' words lie in `columns_ref`."""
   return pl.ds(tile * (block_k // 2), block_k // 2)
 
 
@@ -187,7 +187,7 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v
     p = jnp.exp2(scores - new_top[:, None])
     total = total * decay + p.sum(axis=1)  # the normalizer counts the dropped ones too
     if rate:
-      p = jnp.where(_keep(row_words, columns_ref[pairs(t, block_k)], rate), p, 0.0)
+      p = jnp.where(_keep(row_words, columns_ref[_pair_span(t, block_k)], rate), p, 0.0)
     v = v_ref[span, :]
     acc = acc * decay[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total
@@ -211,7 +211,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
   span_k = pl.ds(t * block_k, block_k)
   cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
   k, v, kv_ids = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k]
-  pair_words = columns_ref[pairs(t, block_k)] if rate else None
+  pair_words = columns_ref[_pair_span(t, block_k)] if rate else None
   scale = keep_scale(rate) if rate else 1.0
 
   def visit(i, carry):
@@ -221,7 +221,8 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     q, dout = q_ref[span, :], dout_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids_ref[span], kv_ids, causal)
     p = jnp.exp2(scores - lse_ref[span][:, None])
-    dprobs = _dot(dout, v, trans_b=True)  # over `scale`, as dv's sum and dscores (see below)
+    # dP, dV's sum and dS over the keep scale: it multiplies dK and dV once, at the end.
+    dprobs = _dot(dout, v, trans_b=True)
     if rate:
       kept = _keep(_row_words(key_ref[...], rows), pair_words, rate)
       dv = dv + _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
@@ -258,9 +259,9 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
     k = k_ref[span, :]
     scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
     p = jnp.exp2(scores - lse[:, None])
-    dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over `scale`, as _key_grads'
+    dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over the keep scale, as _key_grads'
     if rate:
-      dprobs = jnp.where(_keep(row_words, columns_ref[pairs(j, block_k)], rate), dprobs, 0.0)
+      dprobs = jnp.where(_keep(row_words, columns_ref[_pair_span(j, block_k)], rate), dprobs, 0.0)
     dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
     return dq + _dot(dscores.astype(k.dtype), k)
 
