@@ -302,7 +302,8 @@ def _kernel_seconds(kernels: list[hlo.Kernel], chip: Chip, dtype: str) -> list[f
   return [max(k.flops / rates[k.kind], k.bytes / bandwidth) for k in kernels]
 
 
-def kernels_by_op(hlo_text: str, chip: Chip, dtype: str, top: int = 30) -> list[dict[str, Any]]:
+def kernels_by_op(hlo_text: str, chip: Chip, dtype: str, top: int | None = 30
+                  ) -> list[dict[str, Any]]:
   """The GPU step's kernels grouped by the jax operation that made them (op_name), largest
   estimated time first: where the step's time goes, by gpu_compute_estimate's rule (each
   group's seconds include its kernels' fixed cost)."""

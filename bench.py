@@ -19,7 +19,9 @@ set to keep freed memory, as train.py does (trainer/host_memory.py;
 --profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
 profile plugin or ui.perfetto.dev open it), writes the compiled step's HLO
 text there (train_step.hlo.txt) and prints the HLO ops that took the most
-time per step, before the JSON line.
+time per step, before the JSON line; on a GPU that aot.py knows (H100, H200,
+A100), each JAX op's time beside aot.py's estimate of it, from the same
+compiled step.
 """
 
 import collections
@@ -41,6 +43,7 @@ import numpy as np
 from ml_collections import config_flags
 
 import input_pipeline
+import aot
 from trainer import cli
 from trainer import host_memory
 from trainer import peaks
@@ -143,16 +146,30 @@ def _jax_ops(hlo_text: str) -> dict[str, str]:
 
 
 def op_micros(trace_path: str, hlo_text: str) -> collections.Counter:
-  """Microseconds per HLO op of `hlo_text` in a Perfetto trace (summed over threads)."""
+  """Microseconds per HLO op of `hlo_text` in a Perfetto trace (summed over threads). An event's
+  op is its args' hlo_op where it has one (a GPU's kernels are named otherwise: cuBLAS's,
+  Triton's, XLA's own with '_' for '.'), else its name (a CPU's); only this program's ops count
+  (hlo_module, in a trace of several), and those of the device processes (a GPU's or TPU's)
+  where they have any: the host's events for the same ops would count them twice."""
   opcodes = dict(_HLO_INSTRUCTION.findall(hlo_text))
+  module = re.match(r'\s*HloModule\s+([\w.\-]+)', hlo_text)
   with gzip.open(trace_path, 'rt', encoding='utf-8') as f:
     events = json.load(f)
   events = events['traceEvents'] if isinstance(events, dict) else events
-  micros = collections.Counter()
+  devices = {event.get('pid') for event in events
+             if event.get('ph') == 'M' and event.get('name') == 'process_name'
+             and str((event.get('args') or {}).get('name', '')).startswith('/device:')}
+  on_devices, everywhere = collections.Counter(), collections.Counter()
   for event in events:
-    if event.get('ph') == 'X' and event.get('name') in opcodes:
-      micros[event['name']] += event.get('dur', 0)
-  return micros
+    args = event.get('args') or {}
+    op = args.get('hlo_op') or event.get('name')
+    if event.get('ph') != 'X' or op not in opcodes or (
+        module and not str(args.get('hlo_module', module.group(1))).startswith(module.group(1))):
+      continue
+    everywhere[op] += event.get('dur', 0)
+    if event.get('pid') in devices:
+      on_devices[op] += event.get('dur', 0)
+  return on_devices or everywhere
 
 
 def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
@@ -167,17 +184,36 @@ def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[d
           for name, us in micros.most_common(top)]
 
 
-def ops_by_jax_op(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[dict]:
+def ops_by_jax_op(trace_path: str, hlo_text: str, steps: int, top: int = 12,
+                  estimate: dict[str, float] | None = None) -> list[dict]:
   """Op time per JAX op with the layers together (layer_3 -> layer_*): milliseconds per step
-  and share, the largest first."""
+  and share, the largest first; with `estimate` (estimated_ms's), each op's estimate too."""
   jax_ops, micros = _jax_ops(hlo_text), op_micros(trace_path, hlo_text)
   groups = collections.Counter()
   for name, us in micros.items():
-    op = re.sub(r'^jit\([^)]*\)/', '', jax_ops.get(name, '')) or name
-    groups[re.sub(r'layer([_/])\d+', r'layer\1*', op)] += us
+    groups[_group(jax_ops.get(name, '') or name)] += us
   total = sum(groups.values()) or 1
-  return [{'jax_op': op, 'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4)}
+  return [{'jax_op': op, 'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4),
+           **({'estimate_ms': round(estimate.get(op, 0.0), 3)} if estimate is not None else {})}
           for op, us in groups.most_common(top)]
+
+
+def _group(jax_op: str) -> str:
+  """A JAX op's group: every layer's together (layer_3 -> layer_*), without the jit prefix."""
+  return re.sub(r'layer([_/])\d+', r'layer\1*', re.sub(r'^jit\([^)]*\)/', '', jax_op))
+
+
+def estimated_ms(hlo_text: str, device_kind: str, dtype: str) -> dict[str, float] | None:
+  """aot.py's estimate of a compiled GPU step, milliseconds per JAX op (layers together, as
+  ops_by_jax_op groups them), on the GPU of `device_kind`; None off the GPUs aot.py knows."""
+  chip = next((c for c in aot.GPUS.values() if c.gpu.name == device_kind), None)
+  if chip is None:
+    return None
+  jax_ops, by_op = _jax_ops(hlo_text), collections.Counter()
+  for group in aot.kernels_by_op(hlo_text, chip, dtype, top=None):
+    # A kernel without an op_name of its own goes by its instruction's name: its fused root's op.
+    by_op[_group(jax_ops.get(group['op']) or group['op'])] += group['seconds'] * 1e3
+  return dict(by_op)
 
 
 def matmul_share(trace_path: str, hlo_text: str) -> float:
@@ -187,10 +223,11 @@ def matmul_share(trace_path: str, hlo_text: str) -> float:
   return round(matmul / (sum(micros.values()) or 1), 4)
 
 
-def profile(compiled, state, batch, directory: str, steps: int = 3
+def profile(compiled, state, batch, directory: str, dtype: str, steps: int = 3
             ) -> tuple[list[dict], float, list[dict]]:
   """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time, the share
-  of op time in matmuls and the top JAX ops (layers together)."""
+  of op time in matmuls and the top JAX ops (layers together, on a GPU aot.py knows with its
+  estimate of each)."""
   with jax.profiler.trace(directory, create_perfetto_trace=True):
     for _ in range(steps):
       state, metrics = compiled(state, batch)
@@ -200,8 +237,9 @@ def profile(compiled, state, batch, directory: str, steps: int = 3
   with open(os.path.join(directory, 'train_step.hlo.txt'), 'w') as f:  # the trace's op names
     f.write(hlo_text)
   trace = max(traces, key=os.path.getmtime)
+  estimate = estimated_ms(hlo_text, jax.devices()[0].device_kind, dtype)
   return top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text), ops_by_jax_op(
-      trace, hlo_text, steps)
+      trace, hlo_text, steps, top=20 if estimate else 12, estimate=estimate)
 
 
 def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
@@ -237,8 +275,8 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / steps
-    ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir) if profile_dir
-                             else (None, 0, None))
+    ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir, model_cfg.dtype)
+                             if profile_dir else (None, 0, None))
   flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
   if jax.default_backend() != 'cpu':  # the peaks are one of several accelerators'
     peak *= jax.device_count()
@@ -276,9 +314,11 @@ def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: lis
     jax_op = re.sub(r'^jit\([^)]*\)/', '', op['jax_op'])
     print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["opcode"]:<8} {op["op"]:<24} '
           f'{jax_op[-60:]}')
-  print('The same time by JAX op, all layers together:')
+  print('The same time by JAX op, all layers together'
+        + (" (and aot.py's estimate of it):" if grouped and 'estimate_ms' in grouped[0] else ':'))
   for op in grouped:
-    print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms  {op["jax_op"][-90:]}')
+    estimate = f' ({op["estimate_ms"]:.3f})' if 'estimate_ms' in op else ''
+    print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms{estimate}  {op["jax_op"][-90:]}')
 
 
 def main(argv):

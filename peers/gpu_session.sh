@@ -9,7 +9,8 @@
 # 1-2: the kernels against the same function in XLA ops (the mask bit for bit, the gradients) and
 #      one layer's call timed; 3-6: our steps and the torch.compile peers, one machine, one go;
 #      7-8: XLA's attention at the same seed, for the loss curves' comparison; 9: the profile's
-#      top kernels (beside aot.py's estimate); 10: the kernels at other tiles and warps (each
+#      top kernels beside aot.py's estimate (CUDA graphs off: inside one, the trace shows no
+#      kernel; so this step's time is not the others'); 10: the kernels at other tiles and warps (each
 #      variant's line as it comes); 11: our kernel under scan_layers.
 set -u
 cd "$(dirname "$0")/.."
@@ -30,6 +31,6 @@ DEADLINE=${DEADLINE:-550} exec bash .gpu/on_gpu.sh \
   "python3 peers/gpt_torch_gpu.py --batch_size=64 --mode=compile" \
   "$CURVE $BERT --config.model.attention=xla" \
   "$CURVE $GPT --config.model.attention=xla" \
-  "$checked python3 bench.py --config=configs/bert_base.py:base --config.train.batch_size=256 --input_seconds=0 --steps=10 --profile=/tmp/profile_bert" \
+  "$checked XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 bench.py --config=configs/bert_base.py:base --config.train.batch_size=256 --input_seconds=0 --steps=10 --profile=/tmp/profile_bert" \
   "$checked python3 peers/flash_dropout_gpu.py time --variants" \
   "$checked $CURVE configs/bert_base.py:base 100 --config.train.batch_size=256 --config.model.attention=triton --config.model.scan_layers=True"

@@ -92,3 +92,50 @@ def test_top_ops_reads_a_trace_against_the_hlo(tmp_path):
       {'op': 'fusion.2', 'opcode': 'fusion', 'jax_op': 'jit(f)/exp', 'ms_per_step': 0.05,
        'share': 0.1429}]
   assert bench.matmul_share(str(trace), hlo) == 0.8571
+
+
+def test_a_gpu_trace_is_read_by_its_kernels_hlo_ops_beside_the_estimate(tmp_path):
+  """A GPU's kernels are named otherwise than their HLO ops (args.hlo_op has those); the host's
+  events (unless the device's name no op) and another program's kernels are not the step's
+  time."""
+  hlo = '\n'.join([
+      'HloModule jit_f, entry_computation_layout={(f32[4]{0})->(f32[4]{0}, f32[4]{0})}',
+      '%fused_computation (param_0: f32[4]) -> f32[4] {',
+      '  ROOT %exp.1 = f32[4]{0} exponential(%param_0), metadata={op_name="jit(f)/exp"}',
+      '}',
+      'ENTRY %main (p: f32[4]) -> (f32[4], f32[4]) {',
+      '  %fusion.2 = f32[4]{0} fusion(%p), kind=kLoop, calls=%fused_computation',
+      '  %dot.3 = f32[4]{0} dot(%p, %p), metadata={op_name="jit(f)/layer_2/dot_general"}',
+      '  ROOT %tuple.4 = (f32[4], f32[4]) tuple(%fusion.2, %dot.3)',
+      '}'])
+  kernel = lambda name, op, dur, module='jit_f', pid=2: {  # noqa: E731
+      'ph': 'X', 'pid': pid, 'name': name, 'dur': dur,
+      'args': {'hlo_op': op, 'hlo_module': module}}
+  events = [{'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
+            {'ph': 'M', 'pid': 2, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
+            kernel('sm90_xmma_gemm_bf16bf16', 'dot.3', 300),
+            kernel('loop_exponential_fusion', 'fusion.2', 100),
+            kernel('sm90_xmma_gemm_bf16bf16', 'dot.3', 300),
+            kernel('dot.3', 'dot.3', 5000, pid=1),  # the host's launch of it
+            kernel('other_gemm', 'dot.3', 7000, module='jit_g')]  # another program's op
+  trace = tmp_path / 'trace.json.gz'
+  with gzip.open(trace, 'wt', encoding='utf-8') as f:
+    json.dump({'traceEvents': events}, f)
+  assert [(op['op'], op['ms_per_step']) for op in bench.top_ops(str(trace), hlo, steps=2)] == [
+      ('dot.3', 0.3), ('fusion.2', 0.05)]
+  # A device whose kernels name no op of the step (all inside a CUDA graph): the host's events.
+  with gzip.open(trace, 'wt', encoding='utf-8') as f:
+    json.dump({'traceEvents': events[:2] + [
+        {'ph': 'X', 'pid': 2, 'name': 'cudaGraphLaunch', 'dur': 900}, events[5]]}, f)
+  assert [(op['op'], op['ms_per_step']) for op in bench.top_ops(str(trace), hlo, steps=2)] == [
+      ('dot.3', 2.5)]
+  with gzip.open(trace, 'wt', encoding='utf-8') as f:
+    json.dump({'traceEvents': events}, f)
+  estimate = bench.estimated_ms(hlo, 'NVIDIA H100 80GB HBM3', 'bfloat16')
+  assert set(estimate) == {'layer_*/dot_general', 'exp'}  # the fusion by its fused root's op
+  assert all(0 < ms < 0.1 for ms in estimate.values())  # tiny kernels: their fixed cost
+  assert bench.estimated_ms(hlo, 'cpu', 'bfloat16') is None
+  rows = bench.ops_by_jax_op(str(trace), hlo, steps=2, estimate={'exp': 0.01})
+  assert rows == [
+      {'jax_op': 'layer_*/dot_general', 'ms_per_step': 0.3, 'share': 0.8571, 'estimate_ms': 0.0},
+      {'jax_op': 'exp', 'ms_per_step': 0.05, 'share': 0.1429, 'estimate_ms': 0.01}]
