@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
-import input_pipeline
 import aot
+import input_pipeline
 from trainer import cli
 from trainer import host_memory
 from trainer import peaks

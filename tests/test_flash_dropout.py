@@ -139,8 +139,8 @@ def test_masks_are_independent_draws_at_the_rate():
   # elements at the draws' rate would have it (a mix that kept xor's structure gives none).
   p = 1 - draws.mean()
   odd = (1 - (1 - 2 * p) ** 4) / 2
+  dropped = ~draws.astype(bool)
   for rows, cols in ((1, 1), (101, 3)):
-    dropped = ~draws.astype(bool)
     corners = (dropped[..., :-rows, :-cols] ^ dropped[..., rows:, :-cols]
                ^ dropped[..., :-rows, cols:] ^ dropped[..., rows:, cols:])
     assert abs(corners.mean() - odd) < 5 * np.sqrt(odd * (1 - odd) / corners.size), (rows, cols)
