@@ -211,7 +211,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
   span_k = pl.ds(t * block_k, block_k)
   cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
   k, v, kv_ids = k_ref[span_k, :], v_ref[span_k, :], kv_ids_ref[span_k]
-  pair_words = columns_ref[_pair_span(t, block_k)] if rate else None
+  key, pair_words = (key_ref[...], columns_ref[_pair_span(t, block_k)]) if rate else (None, None)
   scale = keep_scale(rate) if rate else 1.0
 
   def visit(i, carry):
@@ -224,7 +224,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     # dP, dV's sum and dS over the keep scale: it multiplies dK and dV once, at the end.
     dprobs = _dot(dout, v, trans_b=True)
     if rate:
-      kept = _keep(_row_words(key_ref[...], rows), pair_words, rate)
+      kept = _keep(_row_words(key, rows), pair_words, rate)
       dv = dv + _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
       dprobs = jnp.where(kept, dprobs, 0.0)
     else:

@@ -106,22 +106,31 @@ def _milliseconds(step, args, repeats: int) -> float:
   return 1000 * (time.perf_counter() - start) / repeats
 
 
-def timing(small: bool) -> dict:
-  shapes = {'bert_base 256x128': (256, 128, 12, 64, False),
-            'gpt1 64x512': (64, 512, 12, 64, True)}
+def _shapes(small: bool) -> dict[str, tuple]:
+  """name: (batch, length, heads, head size, causal) of the timed calls."""
   if small:
-    shapes = {'small 2x128': (2, 128, 2, 64, False), 'small causal 2x256': (2, 256, 2, 64, True)}
+    return {'small 2x128': (2, 128, 2, 64, False), 'small causal 2x256': (2, 256, 2, 64, True)}
+  return {'bert_base 256x128': (256, 128, 12, 64, False), 'gpt1 64x512': (64, 512, 12, 64, True)}
+
+
+def _gradient_step(attend, B, L, H, K, causal):
+  """The jitted gradients of q, k and v of one bfloat16 call of `attend`, and its arguments."""
+  q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
+  ids = jnp.ones((B, L), jnp.int32)
+  step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(
+      attend(q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
+      argnums=(0, 1, 2)))
+  return step, (q, k, v)
+
+
+def timing(small: bool) -> dict:
   results = {}
-  for name, (B, L, H, K, causal) in shapes.items():
-    q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
-    ids = jnp.ones((B, L), jnp.int32)
+  for name, shape in _shapes(small).items():
     figures = {}
     for kernel, attend in (('triton', flash_dropout.attention),
                            ('xla', flash_dropout.reference)):
-      step = jax.jit(jax.grad(lambda q, k, v, attend=attend: jnp.sum(
-          attend(q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
-          argnums=(0, 1, 2)))
-      figures[f'{kernel} ms'] = round(_milliseconds(step, (q, k, v), 2 if small else 50), 3)
+      step, args = _gradient_step(attend, *shape)
+      figures[f'{kernel} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
     results[name] = figures
   return results
 
@@ -130,9 +139,6 @@ def variants(small: bool) -> dict:
   """Our kernels' milliseconds (as `timing`'s) at each of VARIANTS."""
   kept = (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
           dict(flash_dropout.TRITON_PARAMS))
-  shapes = {'bert_base 256x128': (256, 128, 12, 64, False), 'gpt1 64x512': (64, 512, 12, 64, True)}
-  if small:
-    shapes = {'small 2x128': (2, 128, 2, 64, False)}
   results, firsts = {}, {}
   try:
     for forward, backward, warps, stages in VARIANTS:
@@ -140,15 +146,11 @@ def variants(small: bool) -> dict:
       flash_dropout.TRITON_PARAMS = {'num_warps': warps, 'num_stages': stages}
       name = f'forward {forward} backward {backward} warps {warps} stages {stages}'
       figures = {}
-      for shape, (B, L, H, K, causal) in shapes.items():
-        q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
-        ids = jnp.ones((B, L), jnp.int32)
-        step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(flash_dropout.attention(
-            q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
-            argnums=(0, 1, 2)))
+      for shape, sizes in _shapes(small).items():
+        step, args = _gradient_step(flash_dropout.attention, *sizes)
         try:
-          figures[f'{shape} ms'] = round(_milliseconds(step, (q, k, v), 2 if small else 50), 3)
-          grads = [np.asarray(g, np.float32) for g in step(q, k, v)]
+          figures[f'{shape} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
+          grads = [np.asarray(g, np.float32) for g in step(*args)]
         except Exception as e:  # pylint: disable=broad-except (a tile Triton cannot compile)
           figures[f'{shape} ms'] = f'failed: {str(e).splitlines()[0][:200]}'
           continue
