@@ -41,6 +41,13 @@ NEG_INF = -1e9  # as layers.NEG_INF: a query that sees no key spreads evenly ove
 # multiples of them, and head sizes that are not powers of two of at least 16, take `reference`.
 FORWARD_BLOCKS = (128, 64)
 BACKWARD_BLOCKS = (64, 64)
+# Lengths up to this (powers of two) take one backward kernel a (b, h) that holds all its queries
+# (_all_grads: each key tile's scores, mask and exponentials made once, not twice; 5 products a
+# tile, not 7), at ALL_GRADS_WARPS warps (at 4, ptxas spills 1.2 KB a thread of BERT-base's;
+# peers/flash_dropout_ptx.py). 0, off: checked here in interpret mode, it waits for a GPU's
+# check and time (peers/flash_dropout_gpu.py) before BERT's 128 takes it.
+WHOLE_QUERIES = 0
+ALL_GRADS_WARPS = 8
 # Triton's launch parameters, as first written (peers/flash_dropout_gpu.py time --variants times
 # other tiles and these on a GPU).
 TRITON_PARAMS = {'num_warps': 4, 'num_stages': 2}
@@ -145,6 +152,11 @@ def tiles(length: int, num_keys: int, head_dim: int) -> bool:
   return blocks_fit and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
+def whole_queries(length: int) -> bool:
+  """Whether the backward takes a (b, h)'s `length` queries in one tile (_all_grads)."""
+  return length <= WHOLE_QUERIES and length & (length - 1) == 0
+
+
 def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array]:
   """A tile's scores in base-2 units (log2(e) / sqrt(K) q k^T), NEG_INF where not visible, and
   where they are visible."""
@@ -201,6 +213,22 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v
   lse_ref[...] = top + jnp.log2(total)
 
 
+def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, kept, causal: bool):
+  """One tile's (queries x keys) backward: dS and the tile's part of dV, P'^T dO, both over the
+  keep scale (it multiplies dQ, dK and dV once, at the end), P' the kept probabilities. `delta`
+  is over the keep scale too; `kept` is the tile's mask, or None without dropout."""
+  scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids, causal)
+  p = jnp.exp2(scores - lse[:, None])
+  dprobs = _dot(dout, v, trans_b=True)
+  if kept is None:
+    dv = _dot(p.astype(dout.dtype), dout, trans_a=True)
+  else:
+    dv = _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
+    dprobs = jnp.where(kept, dprobs, 0.0)
+  # A query that sees no key has probabilities over what it visits, but no gradient to them.
+  return jnp.where(seen, p * (dprobs - delta[:, None]), 0.0), dv
+
+
 def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]:
   """dK and dV of key tile `t`, summed over the query tiles that visit it. `refs` are one
   (b, h)'s whole inputs: key, q ids, kv ids, column words, q, k, v, dout, lse, delta."""
@@ -218,26 +246,48 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     dk, dv = carry
     span = pl.ds(i * block_q, block_q)
     rows = i * block_q + jnp.arange(block_q, dtype=jnp.int32)
-    q, dout = q_ref[span, :], dout_ref[span, :]
-    scores, seen = _scores(q, k, rows, cols, q_ids_ref[span], kv_ids, causal)
-    p = jnp.exp2(scores - lse_ref[span][:, None])
-    # dP, dV's sum and dS over the keep scale: it multiplies dK and dV once, at the end.
-    dprobs = _dot(dout, v, trans_b=True)
-    if rate:
-      kept = _keep(_row_words(key, rows), pair_words, rate)
-      dv = dv + _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
-      dprobs = jnp.where(kept, dprobs, 0.0)
-    else:
-      dv = dv + _dot(p.astype(dout.dtype), dout, trans_a=True)
-    # A query that sees no key has probabilities over what it visits, but no gradient to them.
-    dscores = jnp.where(seen, p * (dprobs - (delta_ref[span] * (1 / scale))[:, None]), 0.0)
-    dk = dk + _dot(dscores.astype(q.dtype), q, trans_a=True)
-    return dk, dv
+    q = q_ref[span, :]
+    kept = _keep(_row_words(key, rows), pair_words, rate) if rate else None
+    dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], rows, cols, q_ids_ref[span], kv_ids,
+                                   lse_ref[span], delta_ref[span] * (1 / scale), kept, causal)
+    return dk + _dot(dscores.astype(q.dtype), q, trans_a=True), dv + dv_part
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
   first = (t * block_k) // block_q if causal else 0  # query tiles before it see none of it
   dk, dv = jax.lax.fori_loop(first, L // block_q, visit, (zeros, zeros))
   return dk * (scale / math.sqrt(K)), dv * scale
+
+
+def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
+  """dQ, dK and dV of one (b, h) whose queries all fit one tile (up to WHOLE_QUERIES): each key
+  tile's scores, mask and probabilities are made once for all three (five products, where a
+  query tile's dQ and a key tile's dK and dV of their own make them twice in seven), its dK and
+  dV complete in its pass, dQ summed over the key tiles. `refs` as _key_grads'."""
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
+      delta_ref = refs
+  (L, K), S = q_ref.shape, k_ref.shape[0]
+  block_k = BACKWARD_BLOCKS[1]
+  rows = jnp.arange(L, dtype=jnp.int32)
+  q, dout, q_ids = q_ref[...], dout_ref[...], q_ids_ref[...]
+  row_words = _row_words(key_ref[...], rows) if rate else None
+  scale = keep_scale(rate) if rate else 1.0
+  lse, delta = lse_ref[...], delta_ref[...] * (1 / scale)
+
+  def visit(j, dq):
+    # Every key tile, also one that no query sees under causality (its dK and dV are zeros).
+    span = pl.ds(j * block_k, block_k)
+    cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
+    k = k_ref[span, :]
+    kept = _keep(row_words, columns_ref[_pair_span(j, block_k)], rate) if rate else None
+    dscores, dv = _tile_grads(q, k, v_ref[span, :], dout, rows, cols, q_ids, kv_ids_ref[span],
+                              lse, delta, kept, causal)
+    dk = _dot(dscores.astype(q.dtype), q, trans_a=True)
+    dk_ref[span, :] = (dk * (scale / math.sqrt(K))).astype(dk_ref.dtype)
+    dv_ref[span, :] = (dv * scale).astype(dv_ref.dtype)
+    return dq + _dot(dscores.astype(k.dtype), k)
+
+  dq = jax.lax.fori_loop(0, S // block_k, visit, jnp.zeros((L, K), jnp.float32))
+  dq_ref[...] = (dq * (scale / math.sqrt(K))).astype(dq_ref.dtype)
 
 
 def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
@@ -271,9 +321,13 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
 
 
 def _backward_kernel(*refs, rate: float, causal: bool, grads: str):
-  """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t) or 'qkv'
-  (both: one kernel reads the inputs once, where there are as many query tiles as key tiles)."""
+  """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t), 'qkv'
+  (both: one kernel reads the inputs once, where there are as many query tiles as key tiles) or
+  'all' (the (b, h)'s dQ, dK and dV, its queries in one tile: _all_grads)."""
   inputs, outputs = refs[:10], list(refs[10:])
+  if grads == 'all':
+    _all_grads(inputs, *outputs, rate, causal)
+    return
   t = pl.program_id(2)
   if 'q' in grads:
     dq_ref = outputs.pop(0)
@@ -292,13 +346,14 @@ def _flops(B: int, H: int, L: int, S: int, K: int, products: int, causal: bool,
   return flops * (0.5 + 0.5 * block / S) if causal else flops
 
 
-def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float):
+def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float, **triton):
   """The pallas_call: through Triton on an NVIDIA GPU, in interpret mode elsewhere (decided
-  when the step is lowered for its platform, so aot.py on a CPU compiles the GPU kernels)."""
+  when the step is lowered for its platform, so aot.py on a CPU compiles the GPU kernels).
+  `triton` overrides TRITON_PARAMS."""
   def build(interpret: bool):
     params = {}
     if pl_triton is not None and not interpret:
-      params['compiler_params'] = pl_triton.CompilerParams(**TRITON_PARAMS)
+      params['compiler_params'] = pl_triton.CompilerParams(**{**TRITON_PARAMS, **triton})
     return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
                           out_shape=out_shape, interpret=interpret, name=name,
                           metadata={'flops': str(int(flops))}, **params)
@@ -339,6 +394,10 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
 
   def call(grads: str, tiles: int):
     out_specs, out_shape, products = [], [], 0
+    if grads == 'all':  # whole rows: (L, K) and (S, K) a (b, h); five products a tile
+      out_specs, products = [whole(L), whole(S), whole(S)], 5
+      out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   *[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2]
     if 'q' in grads:
       out_specs, out_shape, products = [tile(block_q)], [jax.ShapeDtypeStruct(q.shape, q.dtype)], 3
     if 'kv' in grads:
@@ -346,9 +405,13 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
       out_shape += [jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2
       products += 4
     kernel = functools.partial(_backward_kernel, rate=rate, causal=causal, grads=grads)
+    triton = {'num_warps': ALL_GRADS_WARPS} if grads == 'all' else {}
     return _call(kernel, f'flash_dropout_backward_{grads}', (B, H, tiles), in_specs, out_specs,
-                 out_shape, _flops(B, H, L, S, K, products, causal, block_q))(*args)
+                 out_shape, _flops(B, H, L, S, K, products, causal and grads != 'all', block_q),
+                 **triton)(*args)
 
+  if whole_queries(L):
+    return call('all', 1)
   if L // block_q == S // block_k:
     return call('qkv', L // block_q)
   (dq,), (dk, dv) = call('q', L // block_q), call('kv', S // block_k)

@@ -14,12 +14,15 @@ the one the CPU's interpret mode checked.
 time: milliseconds of one jitted forward and backward (the gradients of q, k and v) at
 BERT-base's attention (256 x 128, 12 heads of 64, padded rows) and GPT-1's (64 x 512, causal),
 bfloat16, the kernels against the reference (XLA's unfused attention with the same masks).
+At BERT-base's 128 queries, also the kernels with the one-kernel backward (flash_dropout's
+WHOLE_QUERIES, opt-in), and its gradients against the other's; `check` checks it at 128 queries.
 With --variants, also the kernels at other tiles and Triton launch parameters (VARIANTS): their
 time, and their gradients against the first's (flash_dropout's own tiles; the same masks).
 
 --small runs tiny shapes, so that the script can be tried on a CPU (interpret mode).
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -33,12 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
 
 RATE = 0.1
-# (forward tiles, backward tiles, num_warps, num_stages): flash_dropout's own first.
-VARIANTS = [(flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
-             flash_dropout.TRITON_PARAMS['num_warps'], flash_dropout.TRITON_PARAMS['num_stages']),
-            ((128, 64), (64, 64), 4, 3), ((128, 64), (64, 64), 8, 2), ((64, 64), (64, 64), 4, 2),
-            ((128, 128), (64, 64), 8, 2), ((128, 64), (128, 128), 8, 2),
-            ((128, 64), (32, 32), 4, 2), ((64, 128), (64, 64), 4, 2)]
+# (forward tiles, backward tiles, num_warps, num_stages, WHOLE_QUERIES): flash_dropout's own
+# first, then its one-kernel backward of up to 128 queries (BERT-base's).
+OWN = (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
+       flash_dropout.TRITON_PARAMS['num_warps'], flash_dropout.TRITON_PARAMS['num_stages'])
+VARIANTS = [(*OWN, flash_dropout.WHOLE_QUERIES), (*OWN, 128), ((128, 64), (64, 64), 4, 3, 0),
+            ((128, 64), (64, 64), 8, 2, 0), ((64, 64), (64, 64), 4, 2, 0),
+            ((128, 128), (64, 64), 8, 2, 0), ((128, 64), (128, 128), 8, 2, 0),
+            ((128, 64), (32, 32), 4, 2, 0), ((64, 128), (64, 64), 4, 2, 0)]
 
 
 def _cases(small: bool) -> dict[str, tuple]:
@@ -48,9 +53,15 @@ def _cases(small: bool) -> dict[str, tuple]:
   padded = (at < jnp.array([[L - 56], [77]])).astype(jnp.int32)  # one piece, then padding
   starts = jnp.array([[100, 160], [5, 5 + L // 2]])  # three pieces, the last ending at `ends`
   packed = (1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) * (at < jnp.array([[L], [L - 20]]))
+  short = (at[:, :128] < jnp.array([[100], [77]])).astype(jnp.int32)
+  short_packed = (1 + (at[:, :128] >= jnp.array([[50], [5]]))) * (at[:, :128] < 120)
   return {'bert_padded': (padded, padded, False, 2, 64),
           'gpt_packed_causal': (packed.astype(jnp.int32), packed.astype(jnp.int32), True, 2, 64),
-          'cross': (padded[:, :L // 2], padded, False, 2, 64)}
+          'cross': (padded[:, :L // 2], padded, False, 2, 64),
+          # 128 queries: the one-kernel backward (WHOLE_QUERIES), opt-in until checked here.
+          'bert_padded_128 whole queries': (short, short, False, 2, 64),
+          'gpt_packed_causal_128 whole queries': (short_packed.astype(jnp.int32),
+                                                  short_packed.astype(jnp.int32), True, 2, 64)}
 
 
 def _grads(attend, q, k, v, cotangent):
@@ -72,11 +83,13 @@ def check(small: bool) -> dict:
   results = {}
   for name, (q_ids, kv_ids, causal, H, K) in _cases(small).items():
     (B, L), S = q_ids.shape, kv_ids.shape[1]
+    whole = 128 if 'whole queries' in name else flash_dropout.WHOLE_QUERIES
     for dtype in (jnp.float32, jnp.bfloat16):
       q, k, v, cotangent, keys = _inputs(B, L, S, H, K, dtype)
       cotangent *= (q_ids > 0)[:, :, None, None]  # padding queries' outputs are never read
-      got = _grads(lambda q, k, v: flash_dropout.attention(
-          q, k, v, q_ids, kv_ids, keys, RATE, causal), q, k, v, cotangent)
+      with configured(*OWN, whole):
+        got = _grads(lambda q, k, v: flash_dropout.attention(
+            q, k, v, q_ids, kv_ids, keys, RATE, causal), q, k, v, cotangent)
       f32 = [x.astype(jnp.float32) for x in (q, k, v)]
       expected = _grads(lambda q, k, v: flash_dropout.reference(
           q, k, v, q_ids, kv_ids, keys, RATE, causal), *f32, cotangent)
@@ -124,27 +137,50 @@ def _gradient_step(attend, B, L, H, K, causal):
 
 
 def timing(small: bool) -> dict:
+  """The kernels' and XLA's milliseconds; at 128 queries (BERT-base's) also the kernels' with
+  the one-kernel backward (WHOLE_QUERIES), and its gradients against the others'."""
   results = {}
   for name, shape in _shapes(small).items():
-    figures = {}
-    for kernel, attend in (('triton', flash_dropout.attention),
-                           ('xla', flash_dropout.reference)):
-      step, args = _gradient_step(attend, *shape)
-      figures[f'{kernel} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
+    figures, grads = {}, {}
+    runs = [('triton', flash_dropout.attention, flash_dropout.WHOLE_QUERIES),
+            ('xla', flash_dropout.reference, 0)]
+    if shape[1] <= 128 and not flash_dropout.WHOLE_QUERIES:
+      runs.append(('triton whole queries', flash_dropout.attention, 128))
+    for kernel, attend, whole in runs:
+      with configured(*OWN, whole):
+        step, args = _gradient_step(attend, *shape)
+        figures[f'{kernel} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
+        grads[kernel] = [np.asarray(g, np.float32) for g in step(*args)]
+    if 'triton whole queries' in grads:  # the same masks: only rounding may differ
+      figures['whole queries dq dk dv against triton (of the largest entry)'] = [
+          round(float(np.abs(g - f).max() / np.abs(f).max()), 6)
+          for g, f in zip(grads['triton whole queries'], grads['triton'])]
     results[name] = figures
   return results
 
 
+@contextlib.contextmanager
+def configured(forward, backward, warps: int, stages: int, whole_queries: int):
+  """flash_dropout's tiles and Triton parameters set to one of VARIANTS' while inside (a tuning
+  script's state, not the library's: restored on the way out)."""
+  kept = (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
+          dict(flash_dropout.TRITON_PARAMS), flash_dropout.WHOLE_QUERIES)
+  flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS = forward, backward
+  flash_dropout.TRITON_PARAMS = {'num_warps': warps, 'num_stages': stages}
+  flash_dropout.WHOLE_QUERIES = whole_queries
+  try:
+    yield (f'forward {forward} backward {backward} warps {warps} stages {stages} '
+           f'whole queries {whole_queries}')
+  finally:
+    (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS, flash_dropout.TRITON_PARAMS,
+     flash_dropout.WHOLE_QUERIES) = kept
+
+
 def variants(small: bool) -> dict:
   """Our kernels' milliseconds (as `timing`'s) at each of VARIANTS."""
-  kept = (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
-          dict(flash_dropout.TRITON_PARAMS))
   results, firsts = {}, {}
-  try:
-    for forward, backward, warps, stages in VARIANTS:
-      flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS = forward, backward
-      flash_dropout.TRITON_PARAMS = {'num_warps': warps, 'num_stages': stages}
-      name = f'forward {forward} backward {backward} warps {warps} stages {stages}'
+  for variant in VARIANTS:
+    with configured(*variant) as name:
       figures = {}
       for shape, sizes in _shapes(small).items():
         step, args = _gradient_step(flash_dropout.attention, *sizes)
@@ -157,11 +193,8 @@ def variants(small: bool) -> dict:
         first = firsts.setdefault(shape, grads)  # the same masks: only rounding may differ
         figures[f'{shape} dq dk dv against the first (of the largest entry)'] = [
             round(float(np.abs(g - f).max() / np.abs(f).max()), 6) for g, f in zip(grads, first)]
-      results[name] = figures
-      print(json.dumps({name: figures}), flush=True)  # as it comes: a deadline keeps the rest
-  finally:
-    (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS,
-     flash_dropout.TRITON_PARAMS) = kept
+    results[name] = figures
+    print(json.dumps({name: figures}), flush=True)  # as it comes: a deadline keeps the rest
   return results
 
 

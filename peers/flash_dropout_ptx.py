@@ -1,8 +1,11 @@
 """On this CPU: the PTX that XLA makes of our attention kernels (models/flash_dropout.py) for one
-H100, counted by kind of instruction inside the kernels' loops (one key or query tile each).
+H100, counted by kind of instruction inside the kernels' loops (one key or query tile each), and
+what ptxas makes of it: registers a thread, spills, and so how many of the kernel's blocks an SM
+holds at once.
 
-    python peers/flash_dropout_ptx.py            # BERT-base's and GPT-1's attention, dropout 0.1
-    python peers/flash_dropout_ptx.py --rate=0   # the same without dropout
+    python peers/flash_dropout_ptx.py              # BERT-base's and GPT-1's attention, dropout 0.1
+    python peers/flash_dropout_ptx.py --rate=0     # the same without dropout
+    python peers/flash_dropout_ptx.py --variants   # at each of flash_dropout_gpu.py's VARIANTS
 
 aot.py's estimate costs a Pallas kernel by its FLOPs and bytes, as cuDNN's attention, so it does
 not see the per-element work that runs beside the tensor cores: the scores' masking, the online
@@ -12,13 +15,24 @@ instructions is a measure of it that this machine can take. It is a count of PTX
 (which fuses some shifts and logic ops into one instruction), and of one pass of each loop body,
 not a time.
 
-Prints one JSON line per kernel: the case, the kernel, and counts by kind in its loops and whole.
+ptxas (the CUDA plugin's, requirements-gpu.txt) assembles each kernel's PTX for the GPU's
+architecture and says how many registers a thread takes and how many bytes it spills to local
+memory; XLA's thunk sequence gives the launch (grid, threads, dynamic shared memory). With the
+GPU's limits (XLA's target config: registers and shared memory of an SM, its threads), that gives
+the blocks an SM holds at once, what limits them, and the waves of blocks a launch takes. These
+are the assembler's and the launch's figures, before any run.
+
+Prints one JSON line per kernel: the case, the kernel, counts by kind in its loops and whole,
+and `assembled`.
 """
 
 import collections
 import json
+import math
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -30,6 +44,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import aot  # noqa: E402  pylint: disable=wrong-import-position
 from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
+import flash_dropout_gpu  # noqa: E402  pylint: disable=wrong-import-position (VARIANTS)
 
 # name: (batch, length, heads, head size, causal): BERT-base's and GPT-1's attention.
 CASES = {'bert_base_256x128': (256, 128, 12, 64, False), 'gpt1_64x512': (64, 512, 12, 64, True)}
@@ -97,6 +112,73 @@ def dump_to_new_folder() -> str:
   return folder
 
 
+def ptxas() -> str | None:
+  """The CUDA plugin's ptxas (the nvidia-cuda-nvcc wheel), else one on the PATH."""
+  try:
+    from nvidia import cuda_nvcc  # pylint: disable=g-import-not-at-top
+    for folder in cuda_nvcc.__path__:
+      if os.path.exists(os.path.join(folder, 'bin', 'ptxas')):
+        return os.path.join(folder, 'bin', 'ptxas')
+  except ImportError:
+    pass
+  return shutil.which('ptxas')
+
+
+def device_limits(config: str) -> dict[str, int]:
+  """The numbers of XLA's GPU target config (gpu_device_info), by name."""
+  return {k: int(v) for k, v in re.findall(r'^\s*(\w+): (\d+)$', config, re.M)}
+
+
+def launch(thunks: str, kernel: str) -> dict[str, int]:
+  """The kernel's grid, threads and dynamic shared memory, from XLA's thunk sequence."""
+  m = re.search(rf'\b{kernel} grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]'
+                r'\s+shared_memory: (\d+) bytes', thunks)
+  if not m:
+    raise ValueError(f'no launch of {kernel} in the thunk sequence')
+  n = [int(x) for x in m.groups()]
+  return {'blocks': n[0] * n[1] * n[2], 'threads': n[3] * n[4] * n[5], 'shared_bytes': n[6]}
+
+
+def ptxas_report(text: str) -> dict[str, int]:
+  """Registers a thread and the spills of `ptxas -v`'s report of one kernel."""
+  figures = {'registers': r'Used (\d+) registers', 'spill_store_bytes': r'(\d+) bytes spill stores',
+             'spill_load_bytes': r'(\d+) bytes spill loads', 'stack_bytes': r'(\d+) bytes stack frame'}
+  found = {name: re.search(pattern, text) for name, pattern in figures.items()}
+  if not found['registers']:
+    raise ValueError(f'no register count in ptxas\'s report: {text[-300:]}')
+  return {name: int(m.group(1)) if m else 0 for name, m in found.items()}
+
+
+def residency(registers: int, threads: int, shared_bytes: int, limits: dict[str, int]) -> dict:
+  """How many blocks of a kernel an SM holds at once, and what limits them. Registers go to
+  warps in units of 256; each block's shared memory takes 1 KiB more that CUDA reserves (sm_80
+  on); an SM holds at most 32 blocks."""
+  warps = math.ceil(threads / limits['threads_per_warp'])
+  warp_registers = math.ceil(registers * limits['threads_per_warp'] / 256) * 256
+  by = {'registers': limits['registers_per_core_limit'] // warp_registers // warps,
+        'shared memory': limits['shared_memory_per_core'] // (shared_bytes + 1024),
+        'threads': limits['threads_per_core_limit'] // threads, 'blocks': 32}
+  blocks = min(by.values())
+  return {'blocks_per_sm': blocks, 'limited_by': [k for k, v in by.items() if v == blocks],
+          'warps_per_sm': blocks * warps}
+
+
+def assemble(ptx_path: str, kernel: str, thunks: str, limits: dict[str, int]) -> dict:
+  """ptxas's figures for one kernel's PTX, with its launch and what an SM holds of it."""
+  tool = ptxas()
+  if tool is None:
+    return {'ptxas': 'not found: pip install -r requirements-gpu.txt'}
+  ptx = open(ptx_path, encoding='utf-8').read()
+  target = re.search(r'^\.target\s+(\w+)', ptx, re.M).group(1)
+  done = subprocess.run([tool, '-v', '--gpu-name', target, ptx_path, '-o', os.devnull],
+                        capture_output=True, text=True, check=True)
+  figures = ptxas_report(done.stdout + done.stderr)
+  shape = launch(thunks, kernel)
+  held = residency(figures['registers'], shape['threads'], shape['shared_bytes'], limits)
+  waves = shape['blocks'] / (limits['core_count'] * held['blocks_per_sm'])
+  return {**figures, **shape, **held, 'waves': round(waves, 2), 'target': target}
+
+
 def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
   """Compiles the gradient of one attention call; returns {kernel name: counts}."""
   B, L, H, K, causal = CASES[name]
@@ -114,10 +196,15 @@ def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
   kernels = {}
   for file in sorted(set(os.listdir(dump)) - before):
     if file.endswith('.ptx'):
-      ptx = open(os.path.join(dump, file), encoding='utf-8').read()
+      path = os.path.join(dump, file)
+      ptx = open(path, encoding='utf-8').read()
       entry = re.search(r'\.entry\s+(flash_dropout_\w+)', ptx)
       if entry:
-        kernels[entry.group(1)] = count(ptx)
+        module = os.path.join(dump, file.rsplit('.', 2)[0])  # module_0001.jit_loss
+        thunks = open(module + '.thunk_sequence.txt', encoding='utf-8').read()
+        limits = device_limits(open(module + '.gpu_target_config.pbtxt', encoding='utf-8').read())
+        kernels[entry.group(1)] = {**count(ptx),
+                                   'assembled': assemble(path, entry.group(1), thunks, limits)}
   if not kernels:
     raise SystemExit(f'{name}: no flash_dropout kernel in the PTX XLA wrote to {dump}')
   return kernels
@@ -127,13 +214,18 @@ def main(argv):
   del argv
   dump = dump_to_new_folder()
   _, devices = aot.topology_devices(flags.FLAGS.topology)
-  for name in CASES:
-    for kernel, counts in compile_case(name, devices, flags.FLAGS.rate, dump).items():
-      print(json.dumps({'case': name, 'kernel': kernel, 'rate': flags.FLAGS.rate,
-                        'topology': flags.FLAGS.topology, **counts}))
+  chosen = flash_dropout_gpu.VARIANTS if flags.FLAGS.variants else flash_dropout_gpu.VARIANTS[:1]
+  for variant in chosen:
+    with flash_dropout_gpu.configured(*variant) as variant_name:
+      for name in CASES:
+        for kernel, counts in compile_case(name, devices, flags.FLAGS.rate, dump).items():
+          print(json.dumps({'case': name, 'kernel': kernel, 'rate': flags.FLAGS.rate,
+                            'variant': variant_name, 'topology': flags.FLAGS.topology,
+                            **counts}), flush=True)
 
 
 if __name__ == '__main__':
   flags.DEFINE_float('rate', 0.1, 'The attention dropout rate.')
   flags.DEFINE_string('topology', 'h100:1', "aot.py's name of the GPU to compile for.")
+  flags.DEFINE_bool('variants', False, "Each of flash_dropout_gpu.py's VARIANTS, not only the first.")
   app.run(main)

@@ -14,6 +14,7 @@ import pytest
 import aot
 from configs import bert_base
 from configs import gpt as gpt_config
+from models import flash_dropout
 from models import layers
 from trainer import hlo
 from trainer import peaks
@@ -116,11 +117,15 @@ def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeyp
   assert not [op for op in ops if re.search(r'attention/(query|key|value)/(add|reduce_sum)$', op)]
 
 
-def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(monkeypatch):
+@pytest.mark.parametrize('whole_queries', [0, pytest.param(128, marks=pytest.mark.slow)])
+def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(whole_queries,
+                                                                             monkeypatch):
   """GPT with the paper's attention dropout in models/flash_dropout.py's kernels
   (model.attention=triton), compiled through Triton for an H100: a forward and a backward
-  Pallas call per layer, each costed by the FLOPs it declares and its bytes."""
+  Pallas call per layer, each costed by the FLOPs it declares and its bytes; with
+  WHOLE_QUERIES (opt-in), the backward of the row's 128 queries in one kernel."""
   monkeypatch.setattr(aot, 'kernels_by_op', functools.partial(aot.kernels_by_op, top=10_000))
+  monkeypatch.setattr(flash_dropout, 'WHOLE_QUERIES', whole_queries)
   config = gpt_config.get_config('tiny')
   config.model.attention = 'triton'
   config.train.batch_size = 8
@@ -129,13 +134,16 @@ def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(mon
   assert report['attention'] == 'triton' and report['pallas_kernels'] == 2 * layers_count
   attention = {k['op'].split('/')[-2]: k for k in report['kernels_by_op']
                if k['kind'] == 'attention'}
-  assert sorted(attention) == ['flash_dropout_backward_qkv', 'flash_dropout_forward']
+  backward = 'flash_dropout_backward_' + ('all' if whole_queries else 'qkv')
+  assert sorted(attention) == [backward, 'flash_dropout_forward']
   L, D = config.data.max_seq_length, config.model.hidden_size  # one 128-query tile per row
   product = 2 * config.train.batch_size * L * L * D  # one (L x K) by (K x L) per head
   # Causal: the forward's 128 x 64 tiles visit every key of the row's one query tile; the
-  # backward's 64 x 64 tiles (dQ: 3 products, dK and dV: 4) skip the one above the diagonal.
+  # backward's 64 x 64 tiles (dQ: 3 products, dK and dV: 4) skip the one above the diagonal;
+  # the whole queries' backward visits both key tiles with all 128 queries (5 products).
   assert attention['flash_dropout_forward']['flops'] == layers_count * 2 * product
-  assert attention['flash_dropout_backward_qkv']['flops'] == layers_count * 7 * product * 3 / 4
+  assert attention[backward]['flops'] == layers_count * product * (5 if whole_queries else
+                                                                   7 * 3 / 4)
   assert all(k['bytes'] > 0 for k in attention.values())
   assert report['compute_seconds_by_kind']['attention'] > 0
 

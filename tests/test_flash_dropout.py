@@ -27,17 +27,30 @@ TOLERANCE = 1e-5  # float32: the kernels and XLA's softmax agree to rounding (se
 
 # BERT's padded rows, GPT's packed documents, the Transformer's cross attention: runs cross the
 # tiles' edges (128 queries and 64 keys forward, 64 and 64 backward) and rows end in padding.
+# With each, the backward kernel it takes: a (b, h)'s 128 queries in one tile ('all', with
+# WHOLE_QUERIES 128), as many query tiles as key tiles ('qkv'), or dQ's and dK's and dV's
+# kernels ('q', 'kv').
 MASKS = {
-    'bert_padding': lambda: layers.SegmentMask(
+    'bert_padding': (lambda: layers.SegmentMask(
         _ids([[(1, 200)], [(1, 77)]], 256), _ids([[(1, 200)], [(1, 77)]], 256),
-        kernel='triton', right_padded=True),
-    'gpt_packed_causal': lambda: layers.SegmentMask(
+        kernel='triton', right_padded=True), 'qkv'),
+    'bert_padding_128': (lambda: layers.SegmentMask(
+        _ids([[(1, 100)], [(1, 77)]], 128), _ids([[(1, 100)], [(1, 77)]], 128),
+        kernel='triton', right_padded=True), 'all'),
+    'gpt_packed_causal': (lambda: layers.SegmentMask(
         _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
         _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
-        causal=True, kernel='triton'),
-    'transformer_cross': lambda: layers.SegmentMask(
+        causal=True, kernel='triton'), 'qkv'),
+    'gpt_packed_causal_128': (lambda: layers.SegmentMask(
+        _ids([[(1, 50), (2, 30), (3, 48)], [(1, 5), (2, 70), (3, 20)]], 128),
+        _ids([[(1, 50), (2, 30), (3, 48)], [(1, 5), (2, 70), (3, 20)]], 128),
+        causal=True, kernel='triton'), 'all'),
+    'transformer_cross': (lambda: layers.SegmentMask(
         _ids([[(1, 50), (2, 70)], [(1, 9), (2, 30), (3, 40)]], 128),
-        _ids([[(1, 120), (2, 100)], [(1, 20), (2, 50), (3, 150)]], 256), kernel='triton'),
+        _ids([[(1, 120), (2, 100)], [(1, 20), (2, 50), (3, 150)]], 256), kernel='triton'), 'all'),
+    'transformer_cross_more_queries': (lambda: layers.SegmentMask(
+        _ids([[(1, 120), (2, 100)], [(1, 20), (2, 50), (3, 150)]], 256),
+        _ids([[(1, 50), (2, 70)], [(1, 9), (2, 30), (3, 40)]], 128), kernel='triton'), 'q'),
 }
 
 
@@ -78,8 +91,11 @@ def _errors(got, expected):
 
 @pytest.mark.parametrize('rate', [0.1, pytest.param(0.0, marks=pytest.mark.slow)])
 @pytest.mark.parametrize('name', MASKS)
-def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate):
-  mask = MASKS[name]()
+def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate, monkeypatch):
+  make_mask, backward = MASKS[name]
+  if backward == 'all':  # opt-in until a GPU checks it
+    monkeypatch.setattr(flash_dropout, 'WHOLE_QUERIES', 128)
+  mask = make_mask()
   q, k, v, cotangent, keys = _inputs(mask)
   real_BL = (mask.q_BL > 0).astype(jnp.float32)
   kernel = lambda keys: lambda q, k, v: layers.triton_attention(q, k, v, mask, rate, keys)  # noqa
@@ -87,6 +103,8 @@ def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate):
       q, k, v, mask.q_BL, mask.kv_BS, keys, rate, mask.causal)
   with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
     assert 'flash_dropout_forward' in str(jax.make_jaxpr(kernel(keys))(q, k, v))  # no fallback
+    grad = jax.grad(lambda q, k, v: jnp.sum(kernel(keys)(q, k, v)), argnums=(0, 1, 2))
+    assert f'flash_dropout_backward_{backward}' in str(jax.make_jaxpr(grad)(q, k, v))
     got = _output_and_grads(kernel(keys), q, k, v, cotangent, real_BL)
   expected = _output_and_grads(reference(keys), q, k, v, cotangent, real_BL)
   for what, error in zip(('output', 'dq', 'dk', 'dv'), _errors(got, expected)):

@@ -93,3 +93,41 @@ def test_the_ptx_count_takes_the_loops_instructions_by_kind():
                                 'other (moves, address arithmetic, branches)': 1}
   assert counts['in_loops_total'] == 5 and counts['total'] == 10
   assert counts['whole']['exp and log'] == 1 and counts['whole']['memory'] == 1
+
+
+PTXAS = '''ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'flash_dropout_backward_all' for 'sm_90a'
+ptxas info    : Function properties for flash_dropout_backward_all
+    16 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack size
+'''
+THUNKS = '''002: kCustomKernel [source | next=005 (3)] loop_broadcast_fusion grid: [49152, 1, 1] threads: [128, 1, 1]  shared_memory: 0 bytes
+003: kCustomKernel [prev=001 (2) | next=004 (1)] flash_dropout_forward grid: [256, 12, 1] threads: [128, 1, 1]  shared_memory: 49536 bytes
+'''
+H100 = '''gpu_device_info {
+  threads_per_warp: 32
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  registers_per_core_limit: 65536
+  name: "NVIDIA H100 80GB HBM3"
+}'''
+
+
+def test_the_ptx_report_reads_ptxas_and_the_launch_and_counts_the_blocks_an_sm_holds():
+  import flash_dropout_ptx  # pylint: disable=g-import-not-at-top (imports jax and aot.py)
+  assert flash_dropout_ptx.ptxas_report(PTXAS) == {
+      'registers': 255, 'spill_store_bytes': 12, 'spill_load_bytes': 8, 'stack_bytes': 16}
+  assert flash_dropout_ptx.launch(THUNKS, 'flash_dropout_forward') == {
+      'blocks': 3072, 'threads': 128, 'shared_bytes': 49536}
+  limits = flash_dropout_ptx.device_limits(H100)
+  assert limits['core_count'] == 132 and limits['registers_per_core_limit'] == 65536
+  # 239 registers take 7,680 a warp (units of 256): 8 warps, two blocks of 4 (shared memory
+  # would allow 4: 233,472 // 50,560).
+  assert flash_dropout_ptx.residency(239, 128, 49536, limits) == {
+      'blocks_per_sm': 2, 'limited_by': ['registers'], 'warps_per_sm': 8}
+  # 32 registers and no shared memory: 64 warps, 2,048 threads, 16 blocks of 128.
+  assert flash_dropout_ptx.residency(32, 128, 0, limits) == {
+      'blocks_per_sm': 16, 'limited_by': ['registers', 'threads'], 'warps_per_sm': 64}
+  # 100 KB of shared memory: two blocks (64 registers would allow 8).
+  assert flash_dropout_ptx.residency(64, 128, 100_000, limits)['limited_by'] == ['shared memory']
