@@ -179,12 +179,56 @@ def _key_blocks(q_block: Array, block_q: int, block_k: int, num_keys: int, causa
   return num_keys // block_k
 
 
-def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, out_ref,
-                    lse_ref, *, rate: float, causal: bool, block_k: int):
+class _Part:
+  """q, k or v (part 0, 1, 2) of one (b, h)'s (rows, 3, K) block of a fused (B, L, 3, H, K)
+  array (self_attention's), which a kernel takes as one operand (its bytes read once, not
+  counted thrice as three operands'), loaded and stored as a (rows, K) ref: each access is one
+  index into the block (Triton's lowering takes no index into a view of a ref). `rows`: the
+  block's rows it shows (a pl.ds, then indexed whole), else all."""
+
+  def __init__(self, ref, part: int, rows=None):
+    self.ref, self.part, self.rows = ref, part, rows
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return (self.ref.shape[0] if self.rows is None else self.rows.size, self.ref.shape[2])
+
+  @property
+  def dtype(self):
+    return self.ref.dtype
+
+  def _index(self, index) -> tuple:
+    rows, cols = (slice(None), slice(None)) if index is Ellipsis else index
+    if self.rows is not None:
+      if rows != slice(None):
+        raise NotImplementedError('a _Part of some rows is indexed whole')
+      rows = self.rows
+    return rows, self.part, cols
+
+  def __getitem__(self, index):
+    return self.ref[self._index(index)]
+
+  def __setitem__(self, index, value):
+    self.ref[self._index(index)] = value
+
+
+def _parts(qkv_ref, query_rows=None) -> tuple[_Part, _Part, _Part]:
+  """q, k and v of one (rows, 3, K) block; `query_rows`: q's rows only."""
+  return _Part(qkv_ref, 0, query_rows), _Part(qkv_ref, 1), _Part(qkv_ref, 2)
+
+
+def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool):
   """One (b, h, query tile): the online softmax over the key tiles (flash attention), the
-  dropout applied to each tile's probabilities before they multiply v."""
-  block_q, S = q_ref.shape[0], k_ref.shape[0]
-  q_block = pl.program_id(2)
+  dropout applied to each tile's probabilities before they multiply v. The refs: key, q ids,
+  kv ids, column words, q, k and v (with `fused`: one (S, 3, K) block of them), out, lse."""
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref = refs[:4]
+  out_ref, lse_ref = refs[-2:]
+  block_q, q_block = out_ref.shape[0], pl.program_id(2)
+  if fused:
+    q_ref, k_ref, v_ref = _parts(refs[4], pl.ds(q_block * block_q, block_q))
+  else:
+    q_ref, k_ref, v_ref = refs[4:7]
+  S = k_ref.shape[0]
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
   q, q_ids = q_ref[...], q_ids_ref[...]
   row_words = _row_words(key_ref[...], rows) if rate else None
@@ -213,16 +257,18 @@ def _forward_kernel(key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v
   lse_ref[...] = top + jnp.log2(total)
 
 
-def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, kept, causal: bool):
+def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, mask_words, rate: float,
+                causal: bool):
   """One tile's (queries x keys) backward: dS and the tile's part of dV, P'^T dO, both over the
   keep scale (it multiplies dQ, dK and dV once, at the end), P' the kept probabilities. `delta`
-  is over the keep scale too; `kept` is the tile's mask, or None without dropout."""
+  is over the keep scale too; `mask_words` the tile's row and column-pair words (`_keep`)."""
   scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids, causal)
   p = jnp.exp2(scores - lse[:, None])
   dprobs = _dot(dout, v, trans_b=True)
-  if kept is None:
+  if not rate:
     dv = _dot(p.astype(dout.dtype), dout, trans_a=True)
   else:
+    kept = _keep(*mask_words, rate)
     dv = _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
     dprobs = jnp.where(kept, dprobs, 0.0)
   # A query that sees no key has probabilities over what it visits, but no gradient to them.
@@ -247,9 +293,10 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     span = pl.ds(i * block_q, block_q)
     rows = i * block_q + jnp.arange(block_q, dtype=jnp.int32)
     q = q_ref[span, :]
-    kept = _keep(_row_words(key, rows), pair_words, rate) if rate else None
+    words = (_row_words(key, rows), pair_words) if rate else None
     dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], rows, cols, q_ids_ref[span], kv_ids,
-                                   lse_ref[span], delta_ref[span] * (1 / scale), kept, causal)
+                                   lse_ref[span], delta_ref[span] * (1 / scale), words, rate,
+                                   causal)
     return dk + _dot(dscores.astype(q.dtype), q, trans_a=True), dv + dv_part
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
@@ -278,9 +325,9 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
     span = pl.ds(j * block_k, block_k)
     cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
     k = k_ref[span, :]
-    kept = _keep(row_words, columns_ref[_pair_span(j, block_k)], rate) if rate else None
+    words = (row_words, columns_ref[_pair_span(j, block_k)]) if rate else None
     dscores, dv = _tile_grads(q, k, v_ref[span, :], dout, rows, cols, q_ids, kv_ids_ref[span],
-                              lse, delta, kept, causal)
+                              lse, delta, words, rate, causal)
     dk = _dot(dscores.astype(q.dtype), q, trans_a=True)
     dk_ref[span, :] = (dk * (scale / math.sqrt(K))).astype(dk_ref.dtype)
     dv_ref[span, :] = (dv * scale).astype(dv_ref.dtype)
@@ -320,11 +367,15 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
   return dq * (scale / math.sqrt(K))
 
 
-def _backward_kernel(*refs, rate: float, causal: bool, grads: str):
+def _backward_kernel(*refs, rate: float, causal: bool, grads: str, fused: bool):
   """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t), 'qkv'
   (both: one kernel reads the inputs once, where there are as many query tiles as key tiles) or
-  'all' (the (b, h)'s dQ, dK and dV, its queries in one tile: _all_grads)."""
-  inputs, outputs = refs[:10], list(refs[10:])
+  'all' (the (b, h)'s dQ, dK and dV, its queries in one tile: _all_grads). With `fused`, one
+  output (rows, 3, K) holds dQ, dK and dV."""
+  if fused:  # one (rows, 3, K) block of q, k and v, and one of dq, dk and dv
+    inputs, outputs = (*refs[:4], *_parts(refs[4]), *refs[5:8]), list(_parts(refs[8]))
+  else:
+    inputs, outputs = refs[:10], list(refs[10:])
   if grads == 'all':
     _all_grads(inputs, *outputs, rate, causal)
     return
@@ -361,61 +412,104 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float,
                                                   default=build(True))
 
 
-def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal):
-  (B, L, H, K), S = q.shape, k.shape[1]
+def _part(x: Array, rows: int, tiled: bool) -> pl.BlockSpec:
+  """The BlockSpec of `rows` positions of one (b, h)'s (B, L, H, K) q, k, v, output or
+  gradient: tile t of them (the grid's third index), or the first."""
+  K = x.shape[-1]
+  if tiled:
+    return pl.BlockSpec((None, rows, None, K), lambda b, h, t: (b, t, h, 0))
+  return pl.BlockSpec((None, rows, None, K), lambda b, h, t: (b, 0, h, 0))
+
+
+def _fused_rows(rows: int, K: int, tiled: bool = False) -> pl.BlockSpec:
+  """_part's of a (B, L, 3, H, K) array: one (b, h)'s (rows, 3, K) block."""
+  if tiled:
+    return pl.BlockSpec((None, rows, 3, None, K), lambda b, h, t: (b, t, 0, h, 0))
+  return pl.BlockSpec((None, rows, 3, None, K), lambda b, h, t: (b, 0, 0, h, 0))
+
+
+def _sizes(q: Array, k: Array) -> tuple[int, int, int, int, int]:
+  """B, L, S, H, K of (B, L, H, K) q and (B, S, H, K) k, or of one (B, L, 3, H, K) array."""
+  return q.shape[0], q.shape[1], k.shape[1], q.shape[-2], q.shape[-1]
+
+
+def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal, fused=False):
+  """The output and the rows' log2-sum-exp2; with `fused`, q, k and v are one (B, L, 3, H, K)
+  array, read in place."""
+  B, L, S, H, K = _sizes(q, k)
   block_q, block_k = FORWARD_BLOCKS
-  tile = pl.BlockSpec((None, block_q, None, K), lambda b, h, t: (b, t, h, 0))
-  whole = pl.BlockSpec((None, S, None, K), lambda b, h, t: (b, 0, h, 0))
+  tile = _part(q, block_q, True)
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),  # the (b, h)'s key
               pl.BlockSpec((None, block_q), lambda b, h, t: (b, t)),
               pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S // 2,), lambda b, h, t: (0,)), tile, whole, whole]
+              pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
+  if fused:
+    in_specs.append(_fused_rows(S, K))
+    arrays = (q,)
+  else:
+    in_specs += [tile, _part(k, S, False), _part(v, S, False)]
+    arrays = (q, k, v)
   out_specs = [tile, pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
-  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
-  kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k)
+  out_shape = [jax.ShapeDtypeStruct((B, L, H, K), q.dtype),
+               jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
+  kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k,
+                             fused=fused)
   return _call(kernel, 'flash_dropout_forward', (B, H, L // block_q), in_specs, out_specs,
                out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(keys, q_ids, kv_ids,
-                                                                      column_words(S), q, k, v)
+                                                                      column_words(S), *arrays)
 
 
-def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal):
-  (B, L, H, K), S = q.shape, k.shape[1]
+def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=False):
+  """dq, dk and dv; with `fused` (q, k and v one (B, L, 3, H, K) array, as many query tiles as
+  key tiles), their one (B, L, 3, H, K) array, written by the kernel in place."""
+  B, L, S, H, K = _sizes(q, k)
   block_q, block_k = BACKWARD_BLOCKS
   delta = jnp.einsum('BLHK,BLHK->BHL', dout.astype(jnp.float32), out.astype(jnp.float32))
-  whole = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, 0, h, 0))  # noqa: E731
   rows = pl.BlockSpec((None, None, L), lambda b, h, t: (b, h, 0))
   in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),
               pl.BlockSpec((None, L), lambda b, h, t: (b, 0)),
               pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S // 2,), lambda b, h, t: (0,)),
-              whole(L), whole(S), whole(S), whole(L), rows, rows]
-  tile = lambda n: pl.BlockSpec((None, n, None, K), lambda b, h, t: (b, t, h, 0))  # noqa: E731
-  args = (keys, q_ids, kv_ids, column_words(S), q, k, v, dout, lse, delta)
+              pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
+  if fused:
+    in_specs.append(_fused_rows(L, K))
+    arrays = (q,)
+  else:
+    in_specs += [_part(q, L, False), _part(k, S, False), _part(v, S, False)]
+    arrays = (q, k, v)
+  in_specs += [_part(dout, L, False), rows, rows]
+  args = (keys, q_ids, kv_ids, column_words(S), *arrays, dout, lse, delta)
 
   def call(grads: str, tiles: int):
-    out_specs, out_shape, products = [], [], 0
-    if grads == 'all':  # whole rows: (L, K) and (S, K) a (b, h); five products a tile
-      out_specs, products = [whole(L), whole(S), whole(S)], 5
-      out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   *[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2]
-    if 'q' in grads:
-      out_specs, out_shape, products = [tile(block_q)], [jax.ShapeDtypeStruct(q.shape, q.dtype)], 3
-    if 'kv' in grads:
-      out_specs += [tile(block_k)] * 2
-      out_shape += [jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2
-      products += 4
-    kernel = functools.partial(_backward_kernel, rate=rate, causal=causal, grads=grads)
-    triton = {'num_warps': ALL_GRADS_WARPS} if grads == 'all' else {}
+    whole = grads == 'all'
+    if fused:  # one array; a tile of it holds the same rows of dq, dk and dv
+      out_specs = [_fused_rows(L, K) if whole else _fused_rows(block_q, K, tiled=True)]
+      out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    else:
+      out_specs, out_shape = [], []
+      if 'q' in grads or whole:
+        out_specs.append(_part(q, L if whole else block_q, not whole))
+        out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+      if 'kv' in grads or whole:
+        out_specs += [_part(k, S if whole else block_k, not whole)] * 2
+        out_shape += [jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2
+    products = 5 if whole else 3 * ('q' in grads) + 4 * ('kv' in grads)
+    kernel = functools.partial(_backward_kernel, rate=rate, causal=causal, grads=grads,
+                               fused=fused)
+    triton = {'num_warps': ALL_GRADS_WARPS} if whole else {}
     return _call(kernel, f'flash_dropout_backward_{grads}', (B, H, tiles), in_specs, out_specs,
-                 out_shape, _flops(B, H, L, S, K, products, causal and grads != 'all', block_q),
+                 out_shape, _flops(B, H, L, S, K, products, causal and not whole, block_q),
                  **triton)(*args)
 
   if whole_queries(L):
-    return call('all', 1)
-  if L // block_q == S // block_k:
-    return call('qkv', L // block_q)
-  (dq,), (dk, dv) = call('q', L // block_q), call('kv', S // block_k)
-  return dq, dk, dv
+    grads = call('all', 1)
+  elif L // block_q == S // block_k:
+    grads = call('qkv', L // block_q)
+  elif fused:
+    raise ValueError('a fused backward needs as many query tiles as key tiles')
+  else:
+    (dq,), (dk, dv) = call('q', L // block_q), call('kv', S // block_k)
+    return dq, dk, dv
+  return grads[0] if fused else tuple(grads)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
@@ -437,6 +531,31 @@ def _attention_backward(rate, causal, residuals, dout):
 _attention.defvjp(_attention_forward, _attention_backward)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _self_attention(qkv, ids, kv_ids, keys, rate, causal):
+  return _forward(qkv, qkv, qkv, ids, kv_ids, keys, rate, causal, fused=True)[0]
+
+
+def _self_attention_forward(qkv, ids, kv_ids, keys, rate, causal):
+  out, lse = _forward(qkv, qkv, qkv, ids, kv_ids, keys, rate, causal, fused=True)
+  return out, (qkv, ids, kv_ids, keys, out, lse)
+
+
+def _self_attention_backward(rate, causal, residuals, dout):
+  qkv, ids, kv_ids, keys, out, lse = residuals
+  dqkv = _backward(qkv, qkv, qkv, ids, kv_ids, keys, out, lse, dout, rate, causal, fused=True)
+  return dqkv, None, None, None
+
+
+_self_attention.defvjp(_self_attention_forward, _self_attention_backward)
+
+
+def _kv_ids(kv_ids_BS: Array) -> Array:
+  """A padding key (id 0) is seen by no query: as id -1, which no query has, a tile's
+  visibility is one comparison an element."""
+  return jnp.where(kv_ids_BS > 0, kv_ids_BS, -1).astype(jnp.int32)
+
+
 def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_ids_BS: Array,
               keys_BH: Array, rate: float, causal: bool) -> Array:
   """softmax(q k^T / sqrt(K)) v over what the segment ids let each query see, dropout at `rate`
@@ -446,8 +565,20 @@ def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_i
   L, S, K = q_BLHK.shape[1], k_BSHK.shape[1], q_BLHK.shape[3]
   if not tiles(L, S, K):
     return reference(q_BLHK, k_BSHK, v_BSHK, q_ids_BL, kv_ids_BS, keys_BH, rate, causal)
-  # A padding key (id 0) is seen by no query: as id -1, which no query has, a tile's visibility
-  # is one comparison an element.
-  kv_ids_BS = jnp.where(kv_ids_BS > 0, kv_ids_BS, -1).astype(jnp.int32)
-  return _attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL.astype(jnp.int32), kv_ids_BS, keys_BH,
-                    float(rate), causal)
+  return _attention(q_BLHK, k_BSHK, v_BSHK, q_ids_BL.astype(jnp.int32), _kv_ids(kv_ids_BS),
+                    keys_BH, float(rate), causal)
+
+
+def self_attention(qkv_BL3HK: Array, ids_BL: Array, keys_BH: Array, rate: float,
+                   causal: bool) -> Array:
+  """`attention` of a self-attention whose q, k and v come as one (B, L, 3, H, K) array (one
+  projection's output): the kernels read them in place and the backward writes their gradients
+  as one array, so that the projection's backward is one matmul, with no sum of three input
+  gradients (BERT-base on one H100, aot.py's estimate: attention/query/add_any, 1.13 ms)."""
+  L, K = qkv_BL3HK.shape[1], qkv_BL3HK.shape[-1]
+  block_q, block_k = BACKWARD_BLOCKS
+  if not tiles(L, L, K) or not (whole_queries(L) or block_q == block_k):
+    q, k, v = (qkv_BL3HK[:, :, i] for i in range(3))
+    return attention(q, k, v, ids_BL, ids_BL, keys_BH, rate, causal)
+  return _self_attention(qkv_BL3HK, ids_BL.astype(jnp.int32), _kv_ids(ids_BL), keys_BH,
+                         float(rate), causal)

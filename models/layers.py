@@ -107,11 +107,15 @@ class Einsum(nn.Module):
   bias_in_matmul: bool = False  # with a bias: _biased_matmul (GPU steps, before a custom call)
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array | None, weights: bool = False) -> Array | tuple[Array, Array]:
+    """The projection of x; with `weights`, (kernel, bias) instead (x unused), for a caller
+    that fuses projections into one matmul (MultiHeadAttention's q, k and v)."""
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(self.kernel_init, self.axes),
         tuple(self.shape), jnp.float32)
     if not self.use_bias:
+      if weights:
+        raise ValueError('weights=True returns (kernel, bias): this Einsum has no bias')
       return _einsum_as_matmul(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     kernel_letters = self.equation.split(',')[1].split('->')[0]
     out_letters = self.equation.split('->')[1]
@@ -121,6 +125,8 @@ class Einsum(nn.Module):
         nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                      tuple(self.axes[i] for i in kept)),
         tuple(self.shape[i] for i in kept), jnp.float32)
+    if weights:
+      return kernel, bias
     if self.bias_in_matmul:
       return _biased_matmul(self.equation, x.astype(self.dtype), kernel, bias, self.dtype)
     y = _einsum_as_matmul(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
@@ -366,6 +372,19 @@ def triton_attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, mask: SegmentM
                     spec_BLHK)
 
 
+def triton_self_attention(qkv_BL3HK: Array, mask: SegmentMask, rate: float,
+                          keys_BH: Array) -> Array:
+  """triton_attention of a self-attention whose q, k and v are one (B, L, 3, H, K) array
+  (flash_dropout.self_attention reads it in place and writes its gradient as one)."""
+
+  def attend(qkv_BL3HK, ids_BL, keys_BH):
+    return flash_dropout.self_attention(qkv_BL3HK, ids_BL, keys_BH, rate, mask.causal)
+
+  return _per_shard(attend, (qkv_BL3HK, mask.q_BL, keys_BH),
+                    (('batch', None, None, 'act_heads', None), ('batch', None),
+                     ('batch', 'act_heads')), ('batch', None, 'act_heads', None))
+
+
 def _per_shard(attend: Callable[..., Array], args: tuple[Array, ...],
                in_axes: tuple[tuple[str | None, ...], ...], out_axes: tuple[str | None, ...]
                ) -> Array:
@@ -408,6 +427,11 @@ class MultiHeadAttention(nn.Module):
     proj = lambda name: Einsum(  # noqa: E731
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
         kernel_init=init, dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
+    if (gpu_call and mask_B11S.kernel == 'triton' and kv_BSD is x_BLD and not self.decode
+        and mask_B11S.q_BL.shape == mask_B11S.kv_BS.shape):
+      out_BLHK = self._fused_self_attention(proj, x_BLD, mask_B11S, deterministic)
+      return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
+                    kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
     q_BLHK = proj('query')(x_BLD)
     k_BSHK = proj('key')(kv_BSD)
     v_BSHK = proj('value')(kv_BSD)
@@ -415,10 +439,7 @@ class MultiHeadAttention(nn.Module):
     if self.decode:
       k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK)
     if isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel == 'triton':
-      rate = 0.0 if deterministic else self.dropout_rate
-      B = q_BLHK.shape[0]
-      keys_BH = (flash_dropout.dropout_keys(self.make_rng('dropout'), B, H) if rate
-                 else jnp.zeros((B, H), jnp.uint32))
+      rate, keys_BH = self._kernel_dropout(q_BLHK.shape[0], deterministic)
       out_BLHK = triton_attention(q_BLHK, k_BSHK, v_BSHK, mask_B11S, rate, keys_BH)
     elif isinstance(mask_B11S, SegmentMask):  # check_attention allows dropout to cuDNN only
       rate = 0.0 if deterministic else self.dropout_rate
@@ -431,6 +452,29 @@ class MultiHeadAttention(nn.Module):
       out_BLHK = self._attend_with_dropout(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
     return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
                   kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
+
+  def _fused_self_attention(self, proj, x_BLD: Array, mask: SegmentMask,
+                            deterministic: bool) -> Array:
+    """Self-attention in models/flash_dropout.py's kernels with q, k and v from one matmul (the
+    three projections' kernels and biases stacked at run time: the same parameters), which the
+    kernels read in place; so its backward is one matmul too, not three and a sum of their input
+    gradients. A self-attention's mask has the same ids on both sides: the queries'."""
+    weights = [proj(name)(None, weights=True) for name in ('query', 'key', 'value')]
+    kernel_D3HK = jnp.stack([kernel for kernel, _ in weights], axis=1)
+    bias_3HK = jnp.stack([bias for _, bias in weights])
+    qkv_BL3HK = _biased_matmul('BLD,DTHK->BLTHK', x_BLD.astype(self.dtype), kernel_D3HK,
+                               bias_3HK, self.dtype)
+    qkv_BL3HK = nn.with_logical_constraint(qkv_BL3HK,
+                                           ('batch', 'length', None, 'act_heads', 'kv'))
+    rate, keys_BH = self._kernel_dropout(x_BLD.shape[0], deterministic)
+    return triton_self_attention(qkv_BL3HK, mask, rate, keys_BH)
+
+  def _kernel_dropout(self, batch: int, deterministic: bool) -> tuple[float, Array]:
+    """The rate and the (B, H) keys of flash_dropout's counted masks (zeros without dropout)."""
+    rate = 0.0 if deterministic else self.dropout_rate
+    if not rate:
+      return rate, jnp.zeros((batch, self.num_heads), jnp.uint32)
+    return rate, flash_dropout.dropout_keys(self.make_rng('dropout'), batch, self.num_heads)
 
   def _update_cache(self, k_BLHK: Array, v_BLHK: Array) -> tuple[Array, Array]:
     """Writes the new keys/values at the cache index; returns the whole (B, S, H, K) cache."""

@@ -46,8 +46,12 @@ import aot  # noqa: E402  pylint: disable=wrong-import-position
 from models import flash_dropout  # noqa: E402  pylint: disable=wrong-import-position
 import flash_dropout_gpu  # noqa: E402  pylint: disable=wrong-import-position (VARIANTS)
 
-# name: (batch, length, heads, head size, causal): BERT-base's and GPT-1's attention.
-CASES = {'bert_base_256x128': (256, 128, 12, 64, False), 'gpt1_64x512': (64, 512, 12, 64, True)}
+# name: (batch, length, heads, head size, causal, fused): BERT-base's and GPT-1's attention as
+# the models call it (a self-attention's q, k and v one array: flash_dropout.self_attention),
+# and BERT-base's as three arrays (flash_dropout.attention, as a cross attention's).
+CASES = {'bert_base_256x128': (256, 128, 12, 64, False, True),
+         'gpt1_64x512': (64, 512, 12, 64, True, True),
+         'bert_base_256x128_three_arrays': (256, 128, 12, 64, False, False)}
 
 # Kinds by the PTX opcode's first word (its type suffixes dropped).
 KINDS = {
@@ -181,18 +185,22 @@ def assemble(ptx_path: str, kernel: str, thunks: str, limits: dict[str, int]) ->
 
 def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
   """Compiles the gradient of one attention call; returns {kernel name: counts}."""
-  B, L, H, K, causal = CASES[name]
+  B, L, H, K, causal, fused = CASES[name]
   before = set(os.listdir(dump))
 
-  def loss(q, k, v, ids, keys):
-    return jnp.sum(flash_dropout.attention(q, k, v, ids, ids, keys, rate, causal).astype(
-        jnp.float32))
+  def loss(qkv, ids, keys):
+    if fused:
+      out = flash_dropout.self_attention(qkv, ids, keys, rate, causal)
+    else:
+      out = flash_dropout.attention(*qkv, ids, ids, keys, rate, causal)
+    return jnp.sum(out.astype(jnp.float32))
 
   sharding = jax.sharding.SingleDeviceSharding(devices[0])
-  args = [jax.ShapeDtypeStruct((B, L, H, K), jnp.bfloat16, sharding=sharding)] * 3
-  args += [jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=sharding),
-           jax.ShapeDtypeStruct((B, H), jnp.uint32, sharding=sharding)]
-  jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+  qkv = (jax.ShapeDtypeStruct((B, L, 3, H, K), jnp.bfloat16, sharding=sharding) if fused else
+         [jax.ShapeDtypeStruct((B, L, H, K), jnp.bfloat16, sharding=sharding)] * 3)
+  jax.jit(jax.grad(loss)).lower(qkv, jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=sharding),
+                                jax.ShapeDtypeStruct((B, H), jnp.uint32, sharding=sharding)
+                                ).compile()
   kernels = {}
   for file in sorted(set(os.listdir(dump)) - before):
     if file.endswith('.ptx'):

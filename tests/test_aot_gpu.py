@@ -146,6 +146,11 @@ def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(who
                                                                    7 * 3 / 4)
   assert all(k['bytes'] > 0 for k in attention.values())
   assert report['compute_seconds_by_kind']['attention'] > 0
+  # Self-attention: q, k and v from one matmul, read in place; no projection of its own, and
+  # no sum of three input gradients.
+  ops = [k['op'] for k in report['kernels_by_op']]
+  assert [op for op in ops if op.endswith('_fused_self_attention/dot_general')]
+  assert not [op for op in ops if re.search(r'attention/(query|key|value)/', op)]
 
 
 @pytest.mark.slow  # a 4-process, 32-GPU compile

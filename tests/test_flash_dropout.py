@@ -4,6 +4,7 @@ the same counted mask, the masks' statistics, and the models' use of it (a mask 
 step and per shard, drawn from the step's RNG)."""
 
 import dataclasses
+import functools
 import importlib
 
 import flax.linen as nn
@@ -112,6 +113,73 @@ def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate, monkeyp
   if rate:  # the tolerance tells another mask apart, in each of the four
     other = _output_and_grads(reference(keys + 1), q, k, v, cotangent, real_BL)
     assert min(_errors(other, expected)) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize('name,whole_queries,backward_blocks', [
+    ('bert_padding', 0, (64, 64)), ('gpt_packed_causal_128', 128, (64, 64)),
+    pytest.param('bert_padding', 0, (64, 32), marks=pytest.mark.slow)])
+def test_self_attention_reads_q_k_v_in_place_as_attention_their_slices(
+    name, whole_queries, backward_blocks, monkeypatch):
+  """flash_dropout.self_attention of one (B, L, 3, H, K) array: the output and the gradient
+  (one array) of `attention` of its three slices, with the same masks; in the kernels' one
+  'qkv' backward, in the 'all' one (WHOLE_QUERIES), and through the slices where the backward's
+  tiles differ (no single array of dq, dk and dv a tile)."""
+  monkeypatch.setattr(flash_dropout, 'WHOLE_QUERIES', whole_queries)
+  monkeypatch.setattr(flash_dropout, 'BACKWARD_BLOCKS', backward_blocks)
+  mask = MASKS[name][0]()
+  q, k, v, cotangent, keys = _inputs(mask)
+  qkv = jnp.stack([q, k, v], axis=2)
+  fused = lambda qkv: flash_dropout.self_attention(  # noqa: E731
+      qkv, mask.q_BL, keys, 0.1, mask.causal)
+  sliced = lambda qkv: flash_dropout.attention(  # noqa: E731
+      qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask.q_BL, mask.kv_BS, keys, 0.1, mask.causal)
+  takes_one_array = backward_blocks[0] == backward_blocks[1]
+  assert ('name=_self_attention' in str(jax.make_jaxpr(fused)(qkv))) == takes_one_array
+  real = (mask.q_BL > 0)[:, :, None, None]
+  results = []
+  for attend in (fused, sliced):
+    out, vjp = jax.vjp(attend, qkv)
+    results.append((np.asarray(out * real), np.asarray(vjp(cotangent.astype(out.dtype))[0])))
+  for got, expected in zip(*results):
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE * np.abs(expected).max())
+
+
+def test_a_self_attention_takes_q_k_v_from_one_matmul_with_the_same_parameters():
+  """MultiHeadAttention in our kernels as a self-attention (kv is x): q, k and v come from one
+  matmul of the three projections' kernels and biases stacked at run time, and the kernels read
+  them in place. The parameters are the same as every other path's (a checkpoint's), and the
+  output and gradients those of the three projections' path with the same masks (kv a copy of
+  x, which the layer cannot tell is x)."""
+  mask = MASKS['bert_padding'][0]()
+  (B, L), D = mask.q_BL.shape, 32
+  mha = layers.MultiHeadAttention(2, 16, 0.1)
+  x = jax.random.normal(jax.random.key(0), (B, L, D))
+  init = lambda m: mha.init({'params': jax.random.key(1), 'dropout': jax.random.key(2)},  # noqa
+                            x, x, m, deterministic=False)['params']
+  params = init(mask)
+  assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, init(mask.dense()))
+  for got, expected in zip(jax.tree.leaves(params), jax.tree.leaves(init(mask.dense()))):
+    np.testing.assert_array_equal(got, expected)
+  real, weights = (mask.q_BL > 0)[:, :, None], jnp.cos(jnp.arange(D))
+
+  def loss(params, x, fused):
+    out = mha.apply({'params': params}, x, x if fused else x * 1.0, mask, deterministic=False,
+                    rngs={'dropout': jax.random.key(3)})
+    return jnp.sum(out * real * weights)
+
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
+    for fused in (True, False):
+      jaxpr = str(jax.make_jaxpr(functools.partial(loss, fused=fused))(params, x))
+      assert ('name=_self_attention' in jaxpr) == fused and 'flash_dropout_forward' in jaxpr
+    got, expected = (jax.jit(jax.value_and_grad(functools.partial(loss, fused=fused),
+                                                argnums=(0, 1)))(params, x)
+                     for fused in (True, False))
+  np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
+  # Of the largest entry of all: the key bias's gradient is zero but for rounding (a softmax
+  # does not see what it adds to every score of a row).
+  scale = max(np.abs(e).max() for e in jax.tree.leaves(expected[1]))
+  for g, e in zip(jax.tree.leaves(got[1]), jax.tree.leaves(expected[1])):
+    np.testing.assert_allclose(g, e, rtol=0, atol=TOLERANCE * scale)
 
 
 def test_the_output_shows_the_mask_of_keep_mask():
