@@ -6,16 +6,18 @@ against that XLA attention. Prints one JSON line.
     python peers/flash_dropout_gpu.py time [--small] [--variants]
 
 check: output, dq, dk and dv of the Triton kernels against flash_dropout.reference with the same
-keys, float32 and bfloat16, for BERT's padded rows, GPT's causal rows and a cross attention; and
+keys, float32 and bfloat16, for BERT's padded rows, GPT's causal rows and a cross attention (the
+self-attentions also as the models call them: flash_dropout.self_attention of one array); and
 the mask itself (queries and keys of zeros, values of the identity: the output is the kept
 probabilities), which must equal keep_mask's bit for bit, so that Triton's 32-bit arithmetic is
 the one the CPU's interpret mode checked.
 
 time: milliseconds of one jitted forward and backward (the gradients of q, k and v) at
 BERT-base's attention (256 x 128, 12 heads of 64, padded rows) and GPT-1's (64 x 512, causal),
-bfloat16, the kernels against the reference (XLA's unfused attention with the same masks).
-At BERT-base's 128 queries, also the kernels with the one-kernel backward (flash_dropout's
-WHOLE_QUERIES, opt-in), and its gradients against the other's; `check` checks it at 128 queries.
+bfloat16, the kernels (on three arrays, and on one as self_attention) against the reference
+(XLA's unfused attention with the same masks). At BERT-base's 128 queries, also the kernels with
+the one-kernel backward (flash_dropout's WHOLE_QUERIES, opt-in); the kernels' gradients against
+the first's. `check` checks the one-kernel backward at 128 queries.
 With --variants, also the kernels at other tiles and Triton launch parameters (VARIANTS): their
 time, and their gradients against the first's (flash_dropout's own tiles; the same masks).
 
@@ -23,6 +25,7 @@ time, and their gradients against the first's (flash_dropout's own tiles; the sa
 """
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -52,16 +55,18 @@ def _cases(small: bool) -> dict[str, tuple]:
   at = jnp.arange(L)[None]
   padded = (at < jnp.array([[L - 56], [77]])).astype(jnp.int32)  # one piece, then padding
   starts = jnp.array([[100, 160], [5, 5 + L // 2]])  # three pieces, the last ending at `ends`
-  packed = (1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) * (at < jnp.array([[L], [L - 20]]))
+  packed = ((1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) *
+            (at < jnp.array([[L], [L - 20]]))).astype(jnp.int32)
   short = (at[:, :128] < jnp.array([[100], [77]])).astype(jnp.int32)
-  short_packed = (1 + (at[:, :128] >= jnp.array([[50], [5]]))) * (at[:, :128] < 120)
+  short_packed = ((1 + (at[:, :128] >= jnp.array([[50], [5]]))) *
+                  (at[:, :128] < 120)).astype(jnp.int32)
+  # A self-attention's q and kv ids are one array (check runs it as the models do, too).
   return {'bert_padded': (padded, padded, False, 2, 64),
-          'gpt_packed_causal': (packed.astype(jnp.int32), packed.astype(jnp.int32), True, 2, 64),
+          'gpt_packed_causal': (packed, packed, True, 2, 64),
           'cross': (padded[:, :L // 2], padded, False, 2, 64),
           # 128 queries: the one-kernel backward (WHOLE_QUERIES), opt-in until checked here.
           'bert_padded_128 whole queries': (short, short, False, 2, 64),
-          'gpt_packed_causal_128 whole queries': (short_packed.astype(jnp.int32),
-                                                  short_packed.astype(jnp.int32), True, 2, 64)}
+          'gpt_packed_causal_128 whole queries': (short_packed, short_packed, True, 2, 64)}
 
 
 def _grads(attend, q, k, v, cotangent):
@@ -79,23 +84,34 @@ def _inputs(B, L, S, H, K, dtype, seed=0):
       rngs[4], B, H)
 
 
+def _stacked(q, k, v, q_ids, kv_ids, keys, rate, causal):
+  """flash_dropout.self_attention, what the models' self-attention runs, called as `attention`
+  (its q, k and v stacked into one array; a self-attention's ids: q's)."""
+  del kv_ids
+  return flash_dropout.self_attention(jnp.stack([q, k, v], axis=2), q_ids, keys, rate, causal)
+
+
 def check(small: bool) -> dict:
   results = {}
   for name, (q_ids, kv_ids, causal, H, K) in _cases(small).items():
     (B, L), S = q_ids.shape, kv_ids.shape[1]
     whole = 128 if 'whole queries' in name else flash_dropout.WHOLE_QUERIES
-    for dtype in (jnp.float32, jnp.bfloat16):
+    kernels = {'': flash_dropout.attention}
+    if q_ids is kv_ids:  # a self-attention: also as the models call it
+      kernels[' self_attention'] = _stacked
+    for dtype, (suffix, attend) in itertools.product((jnp.float32, jnp.bfloat16),
+                                                     kernels.items()):
       q, k, v, cotangent, keys = _inputs(B, L, S, H, K, dtype)
       cotangent *= (q_ids > 0)[:, :, None, None]  # padding queries' outputs are never read
       with configured(*OWN, whole):
-        got = _grads(lambda q, k, v: flash_dropout.attention(
+        got = _grads(lambda q, k, v: attend(  # pylint: disable=cell-var-from-loop
             q, k, v, q_ids, kv_ids, keys, RATE, causal), q, k, v, cotangent)
       f32 = [x.astype(jnp.float32) for x in (q, k, v)]
       expected = _grads(lambda q, k, v: flash_dropout.reference(
           q, k, v, q_ids, kv_ids, keys, RATE, causal), *f32, cotangent)
       errors = [float(jnp.abs(g.astype(jnp.float32) - e).max() / jnp.abs(e).max())
                 for g, e in zip(got[1], expected[1])]
-      results[f'{name} {jnp.dtype(dtype).name}'] = {
+      results[f'{name} {jnp.dtype(dtype).name}{suffix}'] = {
           'loss': [float(got[0]), float(expected[0])],
           'dq dk dv errors (of the largest entry)': [round(x, 6) for x in errors]}
   B, H, L = 2, 2, 128
@@ -126,35 +142,51 @@ def _shapes(small: bool) -> dict[str, tuple]:
   return {'bert_base 256x128': (256, 128, 12, 64, False), 'gpt1 64x512': (64, 512, 12, 64, True)}
 
 
-def _gradient_step(attend, B, L, H, K, causal):
-  """The jitted gradients of q, k and v of one bfloat16 call of `attend`, and its arguments."""
+def _gradient_step(attend, B, L, H, K, causal, fused=False):
+  """The jitted gradients of q, k and v of one bfloat16 call of `attend`, and its arguments;
+  with `fused`, of flash_dropout.self_attention of one (B, L, 3, H, K) array (`attend` unused),
+  and the one array of their gradients."""
   q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
   ids = jnp.ones((B, L), jnp.int32)
+  if fused:
+    return jax.jit(jax.grad(lambda qkv: jnp.sum(flash_dropout.self_attention(
+        qkv, ids, keys, RATE, causal).astype(jnp.float32) * cotangent))), (
+            jnp.stack([q, k, v], axis=2),)
   step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(
       attend(q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),
       argnums=(0, 1, 2)))
   return step, (q, k, v)
 
 
+def _three(grads) -> list[np.ndarray]:
+  """dq, dk and dv as float32 arrays, from three or from one (B, L, 3, H, K)."""
+  if not isinstance(grads, (tuple, list)):
+    grads = [grads[:, :, part] for part in range(3)]
+  return [np.asarray(g, np.float32) for g in grads]
+
+
 def timing(small: bool) -> dict:
-  """The kernels' and XLA's milliseconds; at 128 queries (BERT-base's) also the kernels' with
-  the one-kernel backward (WHOLE_QUERIES), and its gradients against the others'."""
+  """The kernels' milliseconds (on three arrays, and on one as the models' self-attention
+  calls them) and XLA's; at 128 queries (BERT-base's) also the kernels' with the one-kernel
+  backward (WHOLE_QUERIES). The kernels' gradients against the first's (the same masks)."""
   results = {}
   for name, shape in _shapes(small).items():
     figures, grads = {}, {}
-    runs = [('triton', flash_dropout.attention, flash_dropout.WHOLE_QUERIES),
-            ('xla', flash_dropout.reference, 0)]
+    runs = [('triton', flash_dropout.attention, flash_dropout.WHOLE_QUERIES, False),
+            ('triton self_attention', None, flash_dropout.WHOLE_QUERIES, True),
+            ('xla', flash_dropout.reference, 0, False)]
     if shape[1] <= 128 and not flash_dropout.WHOLE_QUERIES:
-      runs.append(('triton whole queries', flash_dropout.attention, 128))
-    for kernel, attend, whole in runs:
+      runs.append(('triton self_attention whole queries', None, 128, True))
+    for kernel, attend, whole, fused in runs:
       with configured(*OWN, whole):
-        step, args = _gradient_step(attend, *shape)
+        step, args = _gradient_step(attend, *shape, fused=fused)
         figures[f'{kernel} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
-        grads[kernel] = [np.asarray(g, np.float32) for g in step(*args)]
-    if 'triton whole queries' in grads:  # the same masks: only rounding may differ
-      figures['whole queries dq dk dv against triton (of the largest entry)'] = [
+        if kernel != 'xla':
+          grads[kernel] = _three(step(*args))
+    for kernel in list(grads)[1:]:  # the same masks: only rounding may differ
+      figures[f'{kernel} dq dk dv against triton (of the largest entry)'] = [
           round(float(np.abs(g - f).max() / np.abs(f).max()), 6)
-          for g, f in zip(grads['triton whole queries'], grads['triton'])]
+          for g, f in zip(grads[kernel], grads['triton'])]
     results[name] = figures
   return results
 
@@ -177,16 +209,16 @@ def configured(forward, backward, warps: int, stages: int, whole_queries: int):
 
 
 def variants(small: bool) -> dict:
-  """Our kernels' milliseconds (as `timing`'s) at each of VARIANTS."""
+  """Our kernels' milliseconds (as `timing`'s, self_attention's) at each of VARIANTS."""
   results, firsts = {}, {}
   for variant in VARIANTS:
     with configured(*variant) as name:
       figures = {}
       for shape, sizes in _shapes(small).items():
-        step, args = _gradient_step(flash_dropout.attention, *sizes)
+        step, args = _gradient_step(None, *sizes, fused=True)  # as the models call them
         try:
           figures[f'{shape} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
-          grads = [np.asarray(g, np.float32) for g in step(*args)]
+          grads = _three(step(*args))
         except Exception as e:  # pylint: disable=broad-except (a tile Triton cannot compile)
           figures[f'{shape} ms'] = f'failed: {str(e).splitlines()[0][:200]}'
           continue
