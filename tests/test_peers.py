@@ -131,3 +131,26 @@ def test_the_ptx_report_reads_ptxas_and_the_launch_and_counts_the_blocks_an_sm_h
       'blocks_per_sm': 16, 'limited_by': ['registers', 'threads'], 'warps_per_sm': 64}
   # 100 KB of shared memory: two blocks (64 registers would allow 8).
   assert flash_dropout_ptx.residency(64, 128, 100_000, limits)['limited_by'] == ['shared memory']
+
+
+@pytest.mark.slow  # three compiles for an H100 and ptxas: about 20 s
+def test_our_kernels_assemble_for_an_h100_without_spilling():
+  """python peers/flash_dropout_ptx.py: every kernel of BERT-base's and GPT-1's attention, as the
+  models call it, assembled by ptxas for sm_90a: registers, its launch, two blocks an SM, and
+  no spill (a spill to local memory in a kernel's loop would cost every pass)."""
+  # Without the tier's XLA_FLAGS: at --xla_backend_optimization_level=0 GPT-1's forward spills.
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  done = subprocess.run([sys.executable, 'peers/flash_dropout_ptx.py'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  kernels = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{')]
+  assert {(k['case'], k['kernel']) for k in kernels} == {
+      (case, f'flash_dropout_{kernel}')
+      for case in ('bert_base_256x128', 'gpt1_64x512', 'bert_base_256x128_three_arrays')
+      for kernel in ('forward', 'backward_qkv')}
+  for k in kernels:
+    assembled = k['assembled']
+    assert assembled['target'] == 'sm_90a' and 0 < assembled['registers'] <= 255
+    assert assembled['spill_store_bytes'] == 0 == assembled['spill_load_bytes'], k
+    assert assembled['threads'] == 128 and assembled['blocks_per_sm'] == 2
+    assert k['in_loops']['tensor core'] > 0 and k['in_loops_total'] > 0
