@@ -321,7 +321,8 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
   lse, delta = lse_ref[...], delta_ref[...] * (1 / scale)
 
   def visit(j, dq):
-    # Every key tile, also one that no query sees under causality (its dK and dV are zeros).
+    # Every key tile, also one that no real query sees under causality (its dK and dV are
+    # zeros but for padding queries, whose outputs are never read).
     span = pl.ds(j * block_k, block_k)
     cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
     k = k_ref[span, :]
@@ -569,16 +570,23 @@ def attention(q_BLHK: Array, k_BSHK: Array, v_BSHK: Array, q_ids_BL: Array, kv_i
                     keys_BH, float(rate), causal)
 
 
-def self_attention(qkv_BL3HK: Array, ids_BL: Array, keys_BH: Array, rate: float,
-                   causal: bool) -> Array:
+def reads_in_place(length: int, head_dim: int) -> bool:
+  """Whether self_attention's kernels take its one (B, L, 3, H, K) array at these sizes (else
+  it gives `attention` the array's three slices): the kernels' tiles, and one backward tile a
+  (b, h) holding the same rows of dq, dk and dv."""
+  block_q, block_k = BACKWARD_BLOCKS
+  return tiles(length, length, head_dim) and (whole_queries(length) or block_q == block_k)
+
+
+def self_attention(qkv_BL3HK: Array, q_ids_BL: Array, kv_ids_BL: Array, keys_BH: Array,
+                   rate: float, causal: bool) -> Array:
   """`attention` of a self-attention whose q, k and v come as one (B, L, 3, H, K) array (one
   projection's output): the kernels read them in place and the backward writes their gradients
   as one array, so that the projection's backward is one matmul, with no sum of three input
   gradients (BERT-base on one H100, aot.py's estimate: attention/query/add_any, 1.13 ms)."""
   L, K = qkv_BL3HK.shape[1], qkv_BL3HK.shape[-1]
-  block_q, block_k = BACKWARD_BLOCKS
-  if not tiles(L, L, K) or not (whole_queries(L) or block_q == block_k):
+  if not reads_in_place(L, K):
     q, k, v = (qkv_BL3HK[:, :, i] for i in range(3))
-    return attention(q, k, v, ids_BL, ids_BL, keys_BH, rate, causal)
-  return _self_attention(qkv_BL3HK, ids_BL.astype(jnp.int32), _kv_ids(ids_BL), keys_BH,
+    return attention(q, k, v, q_ids_BL, kv_ids_BL, keys_BH, rate, causal)
+  return _self_attention(qkv_BL3HK, q_ids_BL.astype(jnp.int32), _kv_ids(kv_ids_BL), keys_BH,
                          float(rate), causal)

@@ -377,12 +377,13 @@ def triton_self_attention(qkv_BL3HK: Array, mask: SegmentMask, rate: float,
   """triton_attention of a self-attention whose q, k and v are one (B, L, 3, H, K) array
   (flash_dropout.self_attention reads it in place and writes its gradient as one)."""
 
-  def attend(qkv_BL3HK, ids_BL, keys_BH):
-    return flash_dropout.self_attention(qkv_BL3HK, ids_BL, keys_BH, rate, mask.causal)
+  def attend(qkv_BL3HK, q_ids_BL, kv_ids_BL, keys_BH):
+    return flash_dropout.self_attention(qkv_BL3HK, q_ids_BL, kv_ids_BL, keys_BH, rate,
+                                        mask.causal)
 
-  return _per_shard(attend, (qkv_BL3HK, mask.q_BL, keys_BH),
-                    (('batch', None, None, 'act_heads', None), ('batch', None),
-                     ('batch', 'act_heads')), ('batch', None, 'act_heads', None))
+  return _per_shard(attend, (qkv_BL3HK, mask.q_BL, mask.kv_BS, keys_BH),
+                    (('batch', None, None, 'act_heads', None),) + (('batch', None),) * 2 +
+                    (('batch', 'act_heads'),), ('batch', None, 'act_heads', None))
 
 
 def _per_shard(attend: Callable[..., Array], args: tuple[Array, ...],
@@ -428,7 +429,7 @@ class MultiHeadAttention(nn.Module):
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
         kernel_init=init, dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
     if (gpu_call and mask_B11S.kernel == 'triton' and kv_BSD is x_BLD and not self.decode
-        and mask_B11S.q_BL.shape == mask_B11S.kv_BS.shape):
+        and flash_dropout.reads_in_place(x_BLD.shape[1], K)):
       out_BLHK = self._fused_self_attention(proj, x_BLD, mask_B11S, deterministic)
       return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
                     kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
@@ -458,7 +459,7 @@ class MultiHeadAttention(nn.Module):
     """Self-attention in models/flash_dropout.py's kernels with q, k and v from one matmul (the
     three projections' kernels and biases stacked at run time: the same parameters), which the
     kernels read in place; so its backward is one matmul too, not three and a sum of their input
-    gradients. A self-attention's mask has the same ids on both sides: the queries'."""
+    gradients. Lengths the kernels do not take that way keep three projections."""
     weights = [proj(name)(None, weights=True) for name in ('query', 'key', 'value')]
     kernel_D3HK = jnp.stack([kernel for kernel, _ in weights], axis=1)
     bias_3HK = jnp.stack([bias for _, bias in weights])

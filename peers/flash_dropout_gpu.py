@@ -55,12 +55,9 @@ def _cases(small: bool) -> dict[str, tuple]:
   at = jnp.arange(L)[None]
   padded = (at < jnp.array([[L - 56], [77]])).astype(jnp.int32)  # one piece, then padding
   starts = jnp.array([[100, 160], [5, 5 + L // 2]])  # three pieces, the last ending at `ends`
-  packed = ((1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) *
-            (at < jnp.array([[L], [L - 20]]))).astype(jnp.int32)
+  packed = (1 + (at >= starts[:, :1]) + (at >= starts[:, 1:])) * (at < jnp.array([[L], [L - 20]]))
   short = (at[:, :128] < jnp.array([[100], [77]])).astype(jnp.int32)
-  short_packed = ((1 + (at[:, :128] >= jnp.array([[50], [5]]))) *
-                  (at[:, :128] < 120)).astype(jnp.int32)
-  # A self-attention's q and kv ids are one array (check runs it as the models do, too).
+  short_packed = (1 + (at[:, :128] >= jnp.array([[50], [5]]))) * (at[:, :128] < 120)
   return {'bert_padded': (padded, padded, False, 2, 64),
           'gpt_packed_causal': (packed, packed, True, 2, 64),
           'cross': (padded[:, :L // 2], padded, False, 2, 64),
@@ -86,9 +83,9 @@ def _inputs(B, L, S, H, K, dtype, seed=0):
 
 def _stacked(q, k, v, q_ids, kv_ids, keys, rate, causal):
   """flash_dropout.self_attention, what the models' self-attention runs, called as `attention`
-  (its q, k and v stacked into one array; a self-attention's ids: q's)."""
-  del kv_ids
-  return flash_dropout.self_attention(jnp.stack([q, k, v], axis=2), q_ids, keys, rate, causal)
+  (its q, k and v stacked into one array)."""
+  return flash_dropout.self_attention(jnp.stack([q, k, v], axis=2), q_ids, kv_ids, keys, rate,
+                                      causal)
 
 
 def check(small: bool) -> dict:
@@ -97,7 +94,7 @@ def check(small: bool) -> dict:
     (B, L), S = q_ids.shape, kv_ids.shape[1]
     whole = 128 if 'whole queries' in name else flash_dropout.WHOLE_QUERIES
     kernels = {'': flash_dropout.attention}
-    if q_ids is kv_ids:  # a self-attention: also as the models call it
+    if L == S:  # a self-attention: also as the models call it
       kernels[' self_attention'] = _stacked
     for dtype, (suffix, attend) in itertools.product((jnp.float32, jnp.bfloat16),
                                                      kernels.items()):
@@ -150,7 +147,7 @@ def _gradient_step(attend, B, L, H, K, causal, fused=False):
   ids = jnp.ones((B, L), jnp.int32)
   if fused:
     return jax.jit(jax.grad(lambda qkv: jnp.sum(flash_dropout.self_attention(
-        qkv, ids, keys, RATE, causal).astype(jnp.float32) * cotangent))), (
+        qkv, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent))), (
             jnp.stack([q, k, v], axis=2),)
   step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(
       attend(q, k, v, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent),

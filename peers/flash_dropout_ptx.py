@@ -145,8 +145,10 @@ def launch(thunks: str, kernel: str) -> dict[str, int]:
 
 def ptxas_report(text: str) -> dict[str, int]:
   """Registers a thread and the spills of `ptxas -v`'s report of one kernel."""
-  figures = {'registers': r'Used (\d+) registers', 'spill_store_bytes': r'(\d+) bytes spill stores',
-             'spill_load_bytes': r'(\d+) bytes spill loads', 'stack_bytes': r'(\d+) bytes stack frame'}
+  figures = {'registers': r'Used (\d+) registers',
+             'spill_store_bytes': r'(\d+) bytes spill stores',
+             'spill_load_bytes': r'(\d+) bytes spill loads',
+             'stack_bytes': r'(\d+) bytes stack frame'}
   found = {name: re.search(pattern, text) for name, pattern in figures.items()}
   if not found['registers']:
     raise ValueError(f'no register count in ptxas\'s report: {text[-300:]}')
@@ -190,7 +192,7 @@ def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
 
   def loss(qkv, ids, keys):
     if fused:
-      out = flash_dropout.self_attention(qkv, ids, keys, rate, causal)
+      out = flash_dropout.self_attention(qkv, ids, ids, keys, rate, causal)
     else:
       out = flash_dropout.attention(*qkv, ids, ids, keys, rate, causal)
     return jnp.sum(out.astype(jnp.float32))
@@ -235,5 +237,6 @@ def main(argv):
 if __name__ == '__main__':
   flags.DEFINE_float('rate', 0.1, 'The attention dropout rate.')
   flags.DEFINE_string('topology', 'h100:1', "aot.py's name of the GPU to compile for.")
-  flags.DEFINE_bool('variants', False, "Each of flash_dropout_gpu.py's VARIANTS, not only the first.")
+  flags.DEFINE_bool('variants', False,
+                    "Each of flash_dropout_gpu.py's VARIANTS, not only the first.")
   app.run(main)

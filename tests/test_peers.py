@@ -101,9 +101,10 @@ ptxas info    : Function properties for flash_dropout_backward_all
     16 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack size
 '''
-THUNKS = '''002: kCustomKernel [source | next=005 (3)] loop_broadcast_fusion grid: [49152, 1, 1] threads: [128, 1, 1]  shared_memory: 0 bytes
-003: kCustomKernel [prev=001 (2) | next=004 (1)] flash_dropout_forward grid: [256, 12, 1] threads: [128, 1, 1]  shared_memory: 49536 bytes
-'''
+THUNKS = ('002: kCustomKernel [source | next=005 (3)] loop_broadcast_fusion grid: [49152, 1, 1] '
+          'threads: [128, 1, 1]  shared_memory: 0 bytes\n'
+          '003: kCustomKernel [prev=001 (2) | next=004 (1)] flash_dropout_forward '
+          'grid: [256, 12, 1] threads: [128, 1, 1]  shared_memory: 49536 bytes\n')
 H100 = '''gpu_device_info {
   threads_per_warp: 32
   shared_memory_per_core: 233472
