@@ -16,6 +16,10 @@ recompute the forward's mask instead of reading it. `keep_mask` gives the same m
 array: `reference` is this function in XLA ops (the lengths the kernel does not tile take it),
 and tests compare the kernel with it.
 
+`self_attention` takes a self-attention's q, k and v as one (B, L, 3, H, K) array (the output of
+one projection matmul, models/layers.py) and gives their gradient as one, the kernels reading and
+writing it in place.
+
 On a GPU the kernels go through Pallas' Triton backend; elsewhere (tests on a CPU) they run in
 Pallas' interpret mode. Each kernel declares its FLOPs in its metadata, so that aot.py's
 estimate costs it like cuDNN's attention (trainer/hlo.py).
