@@ -187,15 +187,14 @@ class _Part:
   """q, k or v (part 0, 1, 2) of one (b, h)'s (rows, 3, K) block of a fused (B, L, 3, H, K)
   array (self_attention's), which a kernel takes as one operand (its bytes read once, not
   counted thrice as three operands'), loaded and stored as a (rows, K) ref: each access is one
-  index into the block (Triton's lowering takes no index into a view of a ref). `rows`: the
-  block's rows it shows (a pl.ds, then indexed whole), else all."""
+  index into the block (Triton's lowering takes no index into a view of a ref)."""
 
-  def __init__(self, ref, part: int, rows=None):
-    self.ref, self.part, self.rows = ref, part, rows
+  def __init__(self, ref, part: int):
+    self.ref, self.part = ref, part
 
   @property
   def shape(self) -> tuple[int, int]:
-    return (self.ref.shape[0] if self.rows is None else self.rows.size, self.ref.shape[2])
+    return self.ref.shape[0], self.ref.shape[2]
 
   @property
   def dtype(self):
@@ -203,10 +202,6 @@ class _Part:
 
   def _index(self, index) -> tuple:
     rows, cols = (slice(None), slice(None)) if index is Ellipsis else index
-    if self.rows is not None:
-      if rows != slice(None):
-        raise NotImplementedError('a _Part of some rows is indexed whole')
-      rows = self.rows
     return rows, self.part, cols
 
   def __getitem__(self, index):
@@ -216,9 +211,9 @@ class _Part:
     self.ref[self._index(index)] = value
 
 
-def _parts(qkv_ref, query_rows=None) -> tuple[_Part, _Part, _Part]:
-  """q, k and v of one (rows, 3, K) block; `query_rows`: q's rows only."""
-  return _Part(qkv_ref, 0, query_rows), _Part(qkv_ref, 1), _Part(qkv_ref, 2)
+def _parts(qkv_ref) -> tuple[_Part, _Part, _Part]:
+  """q, k and v of one (rows, 3, K) block."""
+  return _Part(qkv_ref, 0), _Part(qkv_ref, 1), _Part(qkv_ref, 2)
 
 
 def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool):
@@ -228,13 +223,15 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool)
   key_ref, q_ids_ref, kv_ids_ref, columns_ref = refs[:4]
   out_ref, lse_ref = refs[-2:]
   block_q, q_block = out_ref.shape[0], pl.program_id(2)
-  if fused:
-    q_ref, k_ref, v_ref = _parts(refs[4], pl.ds(q_block * block_q, block_q))
+  if fused:  # the whole (S, 3, K) block: q is its query tile's rows
+    q_ref, k_ref, v_ref = _parts(refs[4])
+    q = q_ref[pl.ds(q_block * block_q, block_q), :]
   else:
     q_ref, k_ref, v_ref = refs[4:7]
+    q = q_ref[...]
   S = k_ref.shape[0]
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
-  q, q_ids = q_ref[...], q_ids_ref[...]
+  q_ids = q_ids_ref[...]
   row_words = _row_words(key_ref[...], rows) if rate else None
 
   def visit(t, carry):
@@ -433,6 +430,22 @@ def _fused_rows(rows: int, K: int, tiled: bool = False) -> pl.BlockSpec:
   return pl.BlockSpec((None, rows, 3, None, K), lambda b, h, t: (b, 0, 0, h, 0))
 
 
+def _operands(q: Array, k: Array, v: Array, q_rows: int, tiled: bool, fused: bool
+              ) -> tuple[list[pl.BlockSpec], tuple[Array, ...]]:
+  """The kernels' first operands' BlockSpecs, and q, k and v's arrays: the (b, h)'s key, the q
+  ids of `q_rows` queries (tile t, or the first), the kv ids, the column words, then q (those
+  rows), k and v whole; with `fused`, their one array's (S, 3, K) block instead."""
+  S, K = k.shape[1], q.shape[-1]
+  q_ids = (pl.BlockSpec((None, q_rows), lambda b, h, t: (b, t)) if tiled
+           else pl.BlockSpec((None, q_rows), lambda b, h, t: (b, 0)))
+  specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)), q_ids,
+           pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
+           pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
+  if fused:
+    return specs + [_fused_rows(S, K)], (q,)
+  return specs + [_part(q, q_rows, tiled), _part(k, S, False), _part(v, S, False)], (q, k, v)
+
+
 def _sizes(q: Array, k: Array) -> tuple[int, int, int, int, int]:
   """B, L, S, H, K of (B, L, H, K) q and (B, S, H, K) k, or of one (B, L, 3, H, K) array."""
   return q.shape[0], q.shape[1], k.shape[1], q.shape[-2], q.shape[-1]
@@ -443,18 +456,9 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal, fused=False):
   array, read in place."""
   B, L, S, H, K = _sizes(q, k)
   block_q, block_k = FORWARD_BLOCKS
-  tile = _part(q, block_q, True)
-  in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),  # the (b, h)'s key
-              pl.BlockSpec((None, block_q), lambda b, h, t: (b, t)),
-              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
-  if fused:
-    in_specs.append(_fused_rows(S, K))
-    arrays = (q,)
-  else:
-    in_specs += [tile, _part(k, S, False), _part(v, S, False)]
-    arrays = (q, k, v)
-  out_specs = [tile, pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
+  in_specs, arrays = _operands(q, k, v, block_q, True, fused)
+  out_specs = [_part(q, block_q, True),
+               pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
   out_shape = [jax.ShapeDtypeStruct((B, L, H, K), q.dtype),
                jax.ShapeDtypeStruct((B, H, L), jnp.float32)]
   kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k,
@@ -471,16 +475,7 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=
   block_q, block_k = BACKWARD_BLOCKS
   delta = jnp.einsum('BLHK,BLHK->BHL', dout.astype(jnp.float32), out.astype(jnp.float32))
   rows = pl.BlockSpec((None, None, L), lambda b, h, t: (b, h, 0))
-  in_specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)),
-              pl.BlockSpec((None, L), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-              pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
-  if fused:
-    in_specs.append(_fused_rows(L, K))
-    arrays = (q,)
-  else:
-    in_specs += [_part(q, L, False), _part(k, S, False), _part(v, S, False)]
-    arrays = (q, k, v)
+  in_specs, arrays = _operands(q, k, v, L, False, fused)
   in_specs += [_part(dout, L, False), rows, rows]
   args = (keys, q_ids, kv_ids, column_words(S), *arrays, dout, lse, delta)
 
