@@ -41,6 +41,11 @@ except ImportError:
 Array = jax.Array
 
 NEG_INF = -1e9  # as layers.NEG_INF: a query that sees no key spreads evenly over what it visits
+# The kernels' logit where a key is not seen: a power of two, so that its product with the scale
+# (_exp2's) is exact and a query that sees no key has exponents of exactly 0, spreading evenly
+# as `reference` does (-1e9 times the scale rounds by up to 8, which a fused multiply-add keeps:
+# 2^8 between two tiles' weights).
+UNSEEN = -2.0 ** 30
 # Tiles (queries x keys) of the forward and the backward kernels; lengths that are not
 # multiples of them, and head sizes that are not powers of two of at least 16, take `reference`.
 FORWARD_BLOCKS = (128, 64)
@@ -162,13 +167,49 @@ def whole_queries(length: int) -> bool:
 
 
 def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array]:
-  """A tile's scores in base-2 units (log2(e) / sqrt(K) q k^T), NEG_INF where not visible, and
-  where they are visible."""
-  scores = _dot(q, k, trans_b=True) * (_LOG2_E / math.sqrt(q.shape[-1]))
+  """A tile's logits q k^T, UNSEEN where not visible, and where they are visible. `_exp2`
+  scales them (log2(e) / sqrt(K): SCALE_LOG2)."""
+  logits = _dot(q, k, trans_b=True)
   seen = q_ids[:, None] == kv_ids[None, :]  # padding keys come as -1 (`attention`)
   if causal:
     seen &= rows[:, None] >= cols[None, :]
-  return jnp.where(seen, scores, NEG_INF), seen
+  return jnp.where(seen, logits, UNSEEN), seen
+
+
+def _scale_log2(head_dim: int) -> float:
+  """What turns logits into the base-2 exponents of the softmax: log2(e) / sqrt(K)."""
+  return _LOG2_E / math.sqrt(head_dim)
+
+
+# 2^(x * scale - shift) as one fma and one ex2.approx.ftz a element. jnp.exp2 goes to libdevice's
+# exp2f, whose ex2.approx XLA's pipeline compiles without flush-to-zero: ptxas puts a compare and
+# two multiplies around it for subnormal results, and the scale and the shift were a multiply and
+# a subtraction of their own (7 instructions an element where these take 2; peers/
+# flash_dropout_ptx.py counts them). Flushing a result below 2^-126 to 0 changes no probability
+# that matters, and the exponents are the same numbers to within the fma's one rounding.
+_EXP2_PTX = '{ .reg .f32 t; fma.rn.ftz.f32 t, $1, 0f%08X, $2; ex2.approx.ftz.f32 $0, t; }'
+
+
+def _unseen_zeros(row_values: Array) -> Array:
+  """Zeros, one a row, that the compiler cannot tell from other numbers (the rows' finite
+  `row_values` times 0): what a select that a bfloat16 conversion follows keeps where a
+  constant 0.0 was. With the constant, LLVM moves the select past the conversion, which then
+  converts one element at a time and packs the pairs again: 2.4 instructions an element more
+  in the forward's loop (peers/flash_dropout_ptx.py's SASS counts)."""
+  return (row_values * 0.0)[:, None]
+
+
+def _exp2(logits: Array, scale: float, shift: Array, ptx: bool) -> Array:
+  """2^(logits * scale - shift), `shift` one number a row: on an NVIDIA GPU (`ptx`) one fma and
+  one ex2 an element (_EXP2_PTX), elsewhere (interpret mode, ROCm) in jax ops."""
+  if not ptx:
+    return jnp.exp2(logits * scale - shift[:, None])
+  scale_bits = int(np.float32(scale).view(np.uint32))
+  [powers] = pl_triton.elementwise_inline_asm(
+      _EXP2_PTX % scale_bits, args=[logits, jnp.broadcast_to(-shift[:, None], logits.shape)],
+      constraints='=f,f,f', pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])
+  return powers
 
 
 def _pair_span(tile: Array, block_k: int):
@@ -216,7 +257,7 @@ def _parts(qkv_ref) -> tuple[_Part, _Part, _Part]:
   return _Part(qkv_ref, 0), _Part(qkv_ref, 1), _Part(qkv_ref, 2)
 
 
-def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool):
+def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool, ptx: bool):
   """One (b, h, query tile): the online softmax over the key tiles (flash attention), the
   dropout applied to each tile's probabilities before they multiply v. The refs: key, q ids,
   kv ids, column words, q, k and v (with `fused`: one (S, 3, K) block of them), out, lse."""
@@ -233,18 +274,20 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool)
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
   q_ids = q_ids_ref[...]
   row_words = _row_words(key_ref[...], rows) if rate else None
+  to_log2 = _scale_log2(q.shape[1])
 
-  def visit(t, carry):
+  def visit(t, carry):  # `top`: the rows' largest logit so far
     acc, top, total = carry
     span = pl.ds(t * block_k, block_k)
     cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
-    scores, _ = _scores(q, k_ref[span, :], rows, cols, q_ids, kv_ids_ref[span], causal)
-    new_top = jnp.maximum(top, scores.max(axis=1))
-    decay = jnp.exp2(top - new_top)
-    p = jnp.exp2(scores - new_top[:, None])
+    logits, _ = _scores(q, k_ref[span, :], rows, cols, q_ids, kv_ids_ref[span], causal)
+    new_top = jnp.maximum(top, logits.max(axis=1))
+    decay = jnp.exp2(top * to_log2 - new_top * to_log2)
+    p = _exp2(logits, to_log2, new_top * to_log2, ptx)
     total = total * decay + p.sum(axis=1)  # the normalizer counts the dropped ones too
     if rate:
-      p = jnp.where(_keep(row_words, columns_ref[_pair_span(t, block_k)], rate), p, 0.0)
+      p = jnp.where(_keep(row_words, columns_ref[_pair_span(t, block_k)], rate), p,
+                    _unseen_zeros(new_top))
     v = v_ref[span, :]
     acc = acc * decay[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total
@@ -255,28 +298,29 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool)
   acc, top, total = jax.lax.fori_loop(0, stop, visit, start)
   scale = keep_scale(rate) if rate else 1.0
   out_ref[...] = (acc * (scale / total)[:, None]).astype(out_ref.dtype)
-  lse_ref[...] = top + jnp.log2(total)
+  lse_ref[...] = top * to_log2 + jnp.log2(total)
 
 
 def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, mask_words, rate: float,
-                causal: bool):
+                causal: bool, ptx: bool):
   """One tile's (queries x keys) backward: dS and the tile's part of dV, P'^T dO, both over the
   keep scale (it multiplies dQ, dK and dV once, at the end), P' the kept probabilities. `delta`
   is over the keep scale too; `mask_words` the tile's row and column-pair words (`_keep`)."""
-  scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids, causal)
-  p = jnp.exp2(scores - lse[:, None])
+  logits, seen = _scores(q, k, rows, cols, q_ids, kv_ids, causal)
+  p = _exp2(logits, _scale_log2(q.shape[1]), lse, ptx)
   dprobs = _dot(dout, v, trans_b=True)
+  zeros = _unseen_zeros(lse)
   if not rate:
     dv = _dot(p.astype(dout.dtype), dout, trans_a=True)
   else:
     kept = _keep(*mask_words, rate)
-    dv = _dot(jnp.where(kept, p, 0.0).astype(dout.dtype), dout, trans_a=True)
+    dv = _dot(jnp.where(kept, p, zeros).astype(dout.dtype), dout, trans_a=True)
     dprobs = jnp.where(kept, dprobs, 0.0)
   # A query that sees no key has probabilities over what it visits, but no gradient to them.
-  return jnp.where(seen, p * (dprobs - delta[:, None]), 0.0), dv
+  return jnp.where(seen, p * (dprobs - delta[:, None]), zeros), dv
 
 
-def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]:
+def _key_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> tuple[Array, Array]:
   """dK and dV of key tile `t`, summed over the query tiles that visit it. `refs` are one
   (b, h)'s whole inputs: key, q ids, kv ids, column words, q, k, v, dout, lse, delta."""
   key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
@@ -297,7 +341,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
     words = (_row_words(key, rows), pair_words) if rate else None
     dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], rows, cols, q_ids_ref[span], kv_ids,
                                    lse_ref[span], delta_ref[span] * (1 / scale), words, rate,
-                                   causal)
+                                   causal, ptx)
     return dk + _dot(dscores.astype(q.dtype), q, trans_a=True), dv + dv_part
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
@@ -306,7 +350,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool) -> tuple[Array, Array]
   return dk * (scale / math.sqrt(K)), dv * scale
 
 
-def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
+def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool, ptx: bool):
   """dQ, dK and dV of one (b, h) whose queries all fit one tile (up to WHOLE_QUERIES): each key
   tile's scores, mask and probabilities are made once for all three (five products, where a
   query tile's dQ and a key tile's dK and dV of their own make them twice in seven), its dK and
@@ -329,7 +373,7 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
     k = k_ref[span, :]
     words = (row_words, columns_ref[_pair_span(j, block_k)]) if rate else None
     dscores, dv = _tile_grads(q, k, v_ref[span, :], dout, rows, cols, q_ids, kv_ids_ref[span],
-                              lse, delta, words, rate, causal)
+                              lse, delta, words, rate, causal, ptx)
     dk = _dot(dscores.astype(q.dtype), q, trans_a=True)
     dk_ref[span, :] = (dk * (scale / math.sqrt(K))).astype(dk_ref.dtype)
     dv_ref[span, :] = (dv * scale).astype(dv_ref.dtype)
@@ -339,7 +383,7 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool):
   dq_ref[...] = (dq * (scale / math.sqrt(K))).astype(dq_ref.dtype)
 
 
-def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
+def _query_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> Array:
   """dQ of query tile `t`, summed over the key tiles it visits (`refs` as _key_grads')."""
   key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
       delta_ref = refs
@@ -356,12 +400,12 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
     span = pl.ds(j * block_k, block_k)
     cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
     k = k_ref[span, :]
-    scores, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
-    p = jnp.exp2(scores - lse[:, None])
+    logits, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
+    p = _exp2(logits, _scale_log2(K), lse, ptx)
     dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over the keep scale, as _key_grads'
     if rate:
       dprobs = jnp.where(_keep(row_words, columns_ref[_pair_span(j, block_k)], rate), dprobs, 0.0)
-    dscores = jnp.where(seen, p * (dprobs - delta[:, None]), 0.0)
+    dscores = jnp.where(seen, p * (dprobs - delta[:, None]), _unseen_zeros(lse))
     return dq + _dot(dscores.astype(k.dtype), k)
 
   stop = _key_blocks(t, block_q, block_k, S, causal)
@@ -369,7 +413,7 @@ def _query_grads(t: Array, refs, rate: float, causal: bool) -> Array:
   return dq * (scale / math.sqrt(K))
 
 
-def _backward_kernel(*refs, rate: float, causal: bool, grads: str, fused: bool):
+def _backward_kernel(*refs, rate: float, causal: bool, grads: str, fused: bool, ptx: bool):
   """One (b, h, tile t): `grads` 'q' (dQ of query tile t), 'kv' (dK, dV of key tile t), 'qkv'
   (both: one kernel reads the inputs once, where there are as many query tiles as key tiles) or
   'all' (the (b, h)'s dQ, dK and dV, its queries in one tile: _all_grads). With `fused`, one
@@ -379,15 +423,15 @@ def _backward_kernel(*refs, rate: float, causal: bool, grads: str, fused: bool):
   else:
     inputs, outputs = refs[:10], list(refs[10:])
   if grads == 'all':
-    _all_grads(inputs, *outputs, rate, causal)
+    _all_grads(inputs, *outputs, rate, causal, ptx)
     return
   t = pl.program_id(2)
   if 'q' in grads:
     dq_ref = outputs.pop(0)
-    dq_ref[...] = _query_grads(t, inputs, rate, causal).astype(dq_ref.dtype)
+    dq_ref[...] = _query_grads(t, inputs, rate, causal, ptx).astype(dq_ref.dtype)
   if 'kv' in grads:
     dk_ref, dv_ref = outputs
-    dk, dv = _key_grads(t, inputs, rate, causal)
+    dk, dv = _key_grads(t, inputs, rate, causal, ptx)
     dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
 
 
@@ -400,18 +444,19 @@ def _flops(B: int, H: int, L: int, S: int, K: int, products: int, causal: bool,
 
 
 def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float, **triton):
-  """The pallas_call: through Triton on an NVIDIA GPU, in interpret mode elsewhere (decided
-  when the step is lowered for its platform, so aot.py on a CPU compiles the GPU kernels).
-  `triton` overrides TRITON_PARAMS."""
-  def build(interpret: bool):
-    params = {}
+  """The pallas_call: through Triton on an NVIDIA GPU (the kernel given `ptx`: _exp2's inline
+  PTX) or an AMD one, in interpret mode elsewhere (decided when the step is lowered for its
+  platform, so aot.py on a CPU compiles the GPU kernels). `triton` overrides TRITON_PARAMS."""
+  def build(platform: str):
+    interpret, params = platform == 'cpu', {}
     if pl_triton is not None and not interpret:
       params['compiler_params'] = pl_triton.CompilerParams(**{**TRITON_PARAMS, **triton})
-    return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                          out_shape=out_shape, interpret=interpret, name=name,
-                          metadata={'flops': str(int(flops))}, **params)
-  return lambda *args: jax.lax.platform_dependent(*args, cuda=build(False), rocm=build(False),
-                                                  default=build(True))
+    ptx = platform == 'cuda' and hasattr(pl_triton, 'elementwise_inline_asm')
+    return pl.pallas_call(functools.partial(kernel, ptx=ptx), grid=grid, in_specs=in_specs,
+                          out_specs=out_specs, out_shape=out_shape, interpret=interpret,
+                          name=name, metadata={'flops': str(int(flops))}, **params)
+  return lambda *args: jax.lax.platform_dependent(*args, cuda=build('cuda'), rocm=build('rocm'),
+                                                  default=build('cpu'))
 
 
 def _part(x: Array, rows: int, tiled: bool) -> pl.BlockSpec:

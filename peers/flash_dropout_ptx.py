@@ -27,6 +27,8 @@ and `assembled`.
 """
 
 import collections
+import glob
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +42,7 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import aot  # noqa: E402  pylint: disable=wrong-import-position
@@ -75,12 +78,16 @@ def kind(opcode: str) -> str:
 
 
 def instructions(ptx: str) -> list[tuple[int, str]]:
-  """(line number, opcode) of each instruction, its predicate dropped."""
+  """(line number, opcode) of each instruction, its predicate dropped; inline assembly's
+  `{ .reg ...; a ...; b ...; }` lines give each of theirs."""
   found = []
   for number, line in enumerate(ptx.splitlines()):
-    m = re.match(r'\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)', line)
-    if m and not line.lstrip().startswith(('.', '//')):
-      found.append((number, m.group(1)))
+    if line.lstrip().startswith('//'):
+      continue
+    for statement in line.strip().strip('{}').split(';'):
+      m = re.match(r'\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)', statement)
+      if m and not statement.lstrip().startswith('.'):
+        found.append((number, m.group(1)))
   return found
 
 
@@ -126,6 +133,42 @@ def ptxas() -> str | None:
   except ImportError:
     pass
   return shutil.which('ptxas')
+
+
+def nvdisasm() -> str | None:
+  """NVIDIA's disassembler (the nvidia-cuda-nvdisasm wheel of requirements-dev.txt), else one on
+  the PATH."""
+  spec = importlib.util.find_spec('nvidia')
+  for folder in (spec.submodule_search_locations or []) if spec else []:
+    for found in sorted(glob.glob(os.path.join(folder, '*', 'bin', 'nvdisasm'))):
+      return found
+  return shutil.which('nvdisasm')
+
+
+def sass_count(sass: str) -> dict:
+  """nvdisasm's listing of one kernel: its machine instructions inside loops (from a label to a
+  branch back to it), by opcode, and the spills among them (local memory: STL, LDL). What the
+  SM issues, one a warp each: ptxas fuses and drops PTX's, and adds its own."""
+  addresses, labels, pending = [], {}, []
+  for line in sass.splitlines():
+    label = re.match(r'\s*\.(L_x_\d+):', line)
+    if label:
+      pending.append(label.group(1))
+      continue
+    m = re.match(r'\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)[^;]*;', line)
+    if m:
+      address = int(m.group(1), 16)
+      labels.update((name, address) for name in pending)
+      pending = []
+      branch = re.search(r'BRA\b.*`\(\.(L_x_\d+)\)', line)
+      addresses.append((address, m.group(2), branch.group(1) if branch else None))
+  loops = [(labels[target], address) for address, _, target in addresses
+           if target in labels and labels[target] < address]
+  inside = collections.Counter(opcode for address, opcode, _ in addresses
+                               if any(start <= address <= end for start, end in loops))
+  return {'in_loops_total': sum(inside.values()), 'total': len(addresses),
+          'spills_in_loops': inside['STL'] + inside['LDL'],
+          'in_loops': dict(inside.most_common())}
 
 
 def device_limits(config: str) -> dict[str, int]:
@@ -176,13 +219,20 @@ def assemble(ptx_path: str, kernel: str, thunks: str, limits: dict[str, int]) ->
     return {'ptxas': 'not found: pip install -r requirements-gpu.txt'}
   ptx = open(ptx_path, encoding='utf-8').read()
   target = re.search(r'^\.target\s+(\w+)', ptx, re.M).group(1)
-  done = subprocess.run([tool, '-v', '--gpu-name', target, ptx_path, '-o', os.devnull],
+  cubin = ptx_path[:-len('.ptx')] + '.cubin'
+  done = subprocess.run([tool, '-v', '--gpu-name', target, ptx_path, '-o', cubin],
                         capture_output=True, text=True, check=True)
   figures = ptxas_report(done.stdout + done.stderr)
   shape = launch(thunks, kernel)
   held = residency(figures['registers'], shape['threads'], shape['shared_bytes'], limits)
   waves = shape['blocks'] / (limits['core_count'] * held['blocks_per_sm'])
-  return {**figures, **shape, **held, 'waves': round(waves, 2), 'target': target}
+  disassembler = nvdisasm()
+  if disassembler is None:
+    sass = {'nvdisasm': 'not found: pip install -r requirements-dev.txt'}
+  else:
+    sass = sass_count(subprocess.run([disassembler, '-c', cubin], capture_output=True,
+                                     text=True, check=True).stdout)
+  return {**figures, **shape, **held, 'waves': round(waves, 2), 'target': target, 'sass': sass}
 
 
 def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
@@ -200,9 +250,12 @@ def compile_case(name: str, devices, rate: float, dump: str) -> dict[str, dict]:
   sharding = jax.sharding.SingleDeviceSharding(devices[0])
   qkv = (jax.ShapeDtypeStruct((B, L, 3, H, K), jnp.bfloat16, sharding=sharding) if fused else
          [jax.ShapeDtypeStruct((B, L, H, K), jnp.bfloat16, sharding=sharding)] * 3)
-  jax.jit(jax.grad(loss)).lower(qkv, jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=sharding),
-                                jax.ShapeDtypeStruct((B, H), jnp.uint32, sharding=sharding)
-                                ).compile()
+  # Under a mesh of the GPU: jax 0.11's Pallas takes the GPU it lowers for from the mesh's
+  # devices (on this CPU, no other device is one).
+  with jax.set_mesh(jax.sharding.Mesh(np.array(devices[:1]), ('x',))):
+    jax.jit(jax.grad(loss)).lower(qkv, jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=sharding),
+                                  jax.ShapeDtypeStruct((B, H), jnp.uint32, sharding=sharding)
+                                  ).compile()
   kernels = {}
   for file in sorted(set(os.listdir(dump)) - before):
     if file.endswith('.ptx'):

@@ -117,6 +117,19 @@ def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate, monkeyp
     assert min(_errors(other, expected)) > 100 * TOLERANCE
 
 
+def test_a_query_that_sees_no_key_spreads_evenly_over_the_key_tiles():
+  """A padding query's output (never read) is reference's where the kernel visits every key:
+  its exponents are 0 in each key tile, so the tiles weigh alike (UNSEEN times the scale is
+  exact; -1e9's product rounds by up to 8, which the exponent's fused multiply-add kept)."""
+  mask = MASKS['bert_padding'][0]()  # 256 keys: four forward tiles
+  q, k, v, _, keys = _inputs(mask)
+  got = flash_dropout.attention(q, k, v, mask.q_BL, mask.kv_BS, keys, 0.1, False)
+  expected = flash_dropout.reference(q, k, v, mask.q_BL, mask.kv_BS, keys, 0.1, False)
+  padding = np.asarray(mask.q_BL) == 0
+  assert padding.sum() == 56 + 179
+  assert _errors([np.asarray(got)[padding]], [np.asarray(expected)[padding]])[0] <= TOLERANCE
+
+
 @pytest.mark.parametrize('name,whole_queries,backward_blocks', [
     ('bert_padding', 0, (64, 64)), ('gpt_packed_causal_128', 128, (64, 64)),
     pytest.param('bert_padding', 0, (64, 32), marks=pytest.mark.slow)])

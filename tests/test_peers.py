@@ -115,6 +115,31 @@ H100 = '''gpu_device_info {
 }'''
 
 
+SASS = '''
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_1:
+        /*0010*/                   IMAD R3, R0, -0x7a143595, RZ ;
+        /*0020*/                   LOP3.LUT R4, R3, R0, RZ, 0x3c, !PT ;
+        /*0030*/                   STL [R1+0x4], R4 (*"SpillRefill"*);
+        /*0040*/              @!P0 FFMA R5, R4, 0.5, R5 ;
+        /*0050*/                   MUFU.EX2 R5, R5 ;
+        /*0060*/               @P1 BRA `(.L_x_1) ;
+        /*0070*/                   BRA `(.L_x_2) ;
+.L_x_2:
+        /*0080*/                   LDL.LU R6, [R1+0x4] (*"SpillRefill"*);
+        /*0090*/                   EXIT ;
+'''
+
+
+def test_the_sass_count_takes_the_loops_machine_instructions_and_spills():
+  import flash_dropout_ptx  # pylint: disable=g-import-not-at-top (imports jax and aot.py)
+  counts = flash_dropout_ptx.sass_count(SASS)
+  # The loop: from its label to the branch back (the forward branch opens none); the spill
+  # store inside it counts, the load after it does not.
+  assert counts == {'in_loops_total': 6, 'total': 10, 'spills_in_loops': 1,
+                    'in_loops': {'IMAD': 1, 'LOP3': 1, 'STL': 1, 'FFMA': 1, 'MUFU': 1, 'BRA': 1}}
+
+
 def test_the_ptx_report_reads_ptxas_and_the_launch_and_counts_the_blocks_an_sm_holds():
   import flash_dropout_ptx  # pylint: disable=g-import-not-at-top (imports jax and aot.py)
   assert flash_dropout_ptx.ptxas_report(PTXAS) == {
@@ -153,5 +178,11 @@ def test_our_kernels_assemble_for_an_h100_without_spilling():
     assembled = k['assembled']
     assert assembled['target'] == 'sm_90a' and 0 < assembled['registers'] <= 255
     assert assembled['spill_store_bytes'] == 0 == assembled['spill_load_bytes'], k
+    # The machine code (nvdisasm, requirements-dev.txt): loops of thousands of instructions.
+    assert assembled['sass']['spills_in_loops'] == 0 and assembled['sass']['in_loops_total'] > 500
+    # Each exponential one FFMA and one MUFU.EX2 (flash_dropout._exp2): no compare for a
+    # subnormal result an element, as libdevice's exp2f without flush-to-zero has.
+    sass = assembled['sass']['in_loops']
+    assert sass['MUFU'] >= 64 and sass['FFMA'] >= 64 and sass.get('FSETP', 0) < 8, sass
     assert assembled['threads'] == 128 and assembled['blocks_per_sm'] == 2
     assert k['in_loops']['tensor core'] > 0 and k['in_loops_total'] > 0
