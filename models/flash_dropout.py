@@ -166,14 +166,52 @@ def whole_queries(length: int) -> bool:
   return length <= WHOLE_QUERIES and length & (length - 1) == 0
 
 
-def _scores(q, k, rows, cols, q_ids, kv_ids, causal: bool) -> tuple[Array, Array]:
-  """A tile's logits q k^T, UNSEEN where not visible, and where they are visible. `_exp2`
-  scales them (log2(e) / sqrt(K): SCALE_LOG2)."""
-  logits = _dot(q, k, trans_b=True)
-  seen = q_ids[:, None] == kv_ids[None, :]  # padding keys come as -1 (`attention`)
+class _Visible:
+  """Which keys of a tile its queries see: a query the keys of its own segment, never padding
+  (kv ids of -1, `attention`), and with causality none after it. `where` selects only in a tile
+  that `whole` (_whole_tiles' entry) does not call whole, where some query misses some key; in
+  the others (most tiles of BERT's and GPT's rows) it leaves the tile as it is: one branch a
+  tile instead of a comparison and a select an element."""
+
+  def __init__(self, whole: Array, q_ids, kv_ids, rows, cols, causal: bool):
+    self.whole, self.q_ids, self.kv_ids = whole != 0, q_ids, kv_ids
+    self.rows, self.cols, self.causal = rows, cols, causal
+
+  def seen(self) -> Array:
+    seen = self.q_ids[:, None] == self.kv_ids[None, :]
+    if self.causal:
+      seen &= self.rows[:, None] >= self.cols[None, :]
+    return seen
+
+  def where(self, x: Array, unseen: Array) -> Array:
+    """x where seen, `unseen` (one a row) elsewhere."""
+    return jax.lax.cond(self.whole, lambda x, unseen: x,
+                        lambda x, unseen: jnp.where(self.seen(), x, unseen), x, unseen)
+
+
+def _scores(q, k, visible: _Visible) -> Array:
+  """A tile's logits q k^T, UNSEEN where not visible. `_exp2` scales them (log2(e) / sqrt(K):
+  `_scale_log2`)."""
+  return visible.where(_dot(q, k, trans_b=True), jnp.full((q.shape[0], 1), UNSEEN, jnp.float32))
+
+
+def _whole_tiles(q_ids_BL: Array, kv_ids_BS: Array, block_q: int, block_k: int,
+                 causal: bool) -> Array:
+  """(B, L // block_q, S // block_k) int32: 1 for a tile whose every query sees every key (one
+  segment id throughout, no padding query or key, and with causality no key after the tile's
+  first query), whose masking the kernels leave out (_Visible). The kv ids as `attention`
+  gives them (padding -1)."""
+  (B, L), S = q_ids_BL.shape, kv_ids_BS.shape[1]
+  q_ids = q_ids_BL.reshape(B, L // block_q, 1, block_q)
+  kv_ids = kv_ids_BS.reshape(B, 1, S // block_k, block_k)
+  segment = q_ids.max(-1)
+  whole = ((q_ids.min(-1) == segment) & (kv_ids.min(-1) == segment)
+           & (kv_ids.max(-1) == segment))
   if causal:
-    seen &= rows[:, None] >= cols[None, :]
-  return jnp.where(seen, logits, UNSEEN), seen
+    first_rows = jnp.arange(L // block_q)[:, None] * block_q
+    last_cols = jnp.arange(S // block_k)[None, :] * block_k + block_k - 1
+    whole &= last_cols <= first_rows
+  return whole.astype(jnp.int32)
 
 
 def _scale_log2(head_dim: int) -> float:
@@ -260,15 +298,16 @@ def _parts(qkv_ref) -> tuple[_Part, _Part, _Part]:
 def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool, ptx: bool):
   """One (b, h, query tile): the online softmax over the key tiles (flash attention), the
   dropout applied to each tile's probabilities before they multiply v. The refs: key, q ids,
-  kv ids, column words, q, k and v (with `fused`: one (S, 3, K) block of them), out, lse."""
-  key_ref, q_ids_ref, kv_ids_ref, columns_ref = refs[:4]
+  kv ids, column words, whole tiles (the query tile's row of them), q, k and v (with `fused`:
+  one (S, 3, K) block of them), out, lse."""
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, whole_ref = refs[:5]
   out_ref, lse_ref = refs[-2:]
   block_q, q_block = out_ref.shape[0], pl.program_id(2)
   if fused:  # the whole (S, 3, K) block: q is its query tile's rows
-    q_ref, k_ref, v_ref = _parts(refs[4])
+    q_ref, k_ref, v_ref = _parts(refs[5])
     q = q_ref[pl.ds(q_block * block_q, block_q), :]
   else:
-    q_ref, k_ref, v_ref = refs[4:7]
+    q_ref, k_ref, v_ref = refs[5:8]
     q = q_ref[...]
   S = k_ref.shape[0]
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
@@ -280,7 +319,8 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool,
     acc, top, total = carry
     span = pl.ds(t * block_k, block_k)
     cols = t * block_k + jnp.arange(block_k, dtype=jnp.int32)
-    logits, _ = _scores(q, k_ref[span, :], rows, cols, q_ids, kv_ids_ref[span], causal)
+    logits = _scores(q, k_ref[span, :],
+                     _Visible(whole_ref[t], q_ids, kv_ids_ref[span], rows, cols, causal))
     new_top = jnp.maximum(top, logits.max(axis=1))
     decay = jnp.exp2(top * to_log2 - new_top * to_log2)
     p = _exp2(logits, to_log2, new_top * to_log2, ptx)
@@ -301,13 +341,12 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool,
   lse_ref[...] = top * to_log2 + jnp.log2(total)
 
 
-def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, mask_words, rate: float,
-                causal: bool, ptx: bool):
+def _tile_grads(q, k, v, dout, visible: _Visible, lse, delta, mask_words, rate: float,
+                ptx: bool):
   """One tile's (queries x keys) backward: dS and the tile's part of dV, P'^T dO, both over the
   keep scale (it multiplies dQ, dK and dV once, at the end), P' the kept probabilities. `delta`
   is over the keep scale too; `mask_words` the tile's row and column-pair words (`_keep`)."""
-  logits, seen = _scores(q, k, rows, cols, q_ids, kv_ids, causal)
-  p = _exp2(logits, _scale_log2(q.shape[1]), lse, ptx)
+  p = _exp2(_scores(q, k, visible), _scale_log2(q.shape[1]), lse, ptx)
   dprobs = _dot(dout, v, trans_b=True)
   zeros = _unseen_zeros(lse)
   if not rate:
@@ -317,14 +356,15 @@ def _tile_grads(q, k, v, dout, rows, cols, q_ids, kv_ids, lse, delta, mask_words
     dv = _dot(jnp.where(kept, p, zeros).astype(dout.dtype), dout, trans_a=True)
     dprobs = jnp.where(kept, dprobs, 0.0)
   # A query that sees no key has probabilities over what it visits, but no gradient to them.
-  return jnp.where(seen, p * (dprobs - delta[:, None]), zeros), dv
+  return visible.where(p * (dprobs - delta[:, None]), zeros), dv
 
 
 def _key_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> tuple[Array, Array]:
   """dK and dV of key tile `t`, summed over the query tiles that visit it. `refs` are one
-  (b, h)'s whole inputs: key, q ids, kv ids, column words, q, k, v, dout, lse, delta."""
-  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
-      delta_ref = refs
+  (b, h)'s whole inputs: key, q ids, kv ids, column words, whole tiles, q, k, v, dout, lse,
+  delta."""
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, whole_ref, q_ref, k_ref, v_ref, dout_ref, \
+      lse_ref, delta_ref = refs
   L, K = q_ref.shape
   block_q, block_k = BACKWARD_BLOCKS
   span_k = pl.ds(t * block_k, block_k)
@@ -339,9 +379,9 @@ def _key_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> tuple[Ar
     rows = i * block_q + jnp.arange(block_q, dtype=jnp.int32)
     q = q_ref[span, :]
     words = (_row_words(key, rows), pair_words) if rate else None
-    dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], rows, cols, q_ids_ref[span], kv_ids,
-                                   lse_ref[span], delta_ref[span] * (1 / scale), words, rate,
-                                   causal, ptx)
+    visible = _Visible(whole_ref[i, t], q_ids_ref[span], kv_ids, rows, cols, causal)
+    dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], visible, lse_ref[span],
+                                   delta_ref[span] * (1 / scale), words, rate, ptx)
     return dk + _dot(dscores.astype(q.dtype), q, trans_a=True), dv + dv_part
 
   zeros = jnp.zeros((block_k, K), jnp.float32)
@@ -355,8 +395,8 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool, ptx: boo
   tile's scores, mask and probabilities are made once for all three (five products, where a
   query tile's dQ and a key tile's dK and dV of their own make them twice in seven), its dK and
   dV complete in its pass, dQ summed over the key tiles. `refs` as _key_grads'."""
-  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
-      delta_ref = refs
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, whole_ref, q_ref, k_ref, v_ref, dout_ref, \
+      lse_ref, delta_ref = refs
   (L, K), S = q_ref.shape, k_ref.shape[0]
   block_k = BACKWARD_BLOCKS[1]
   rows = jnp.arange(L, dtype=jnp.int32)
@@ -372,8 +412,8 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool, ptx: boo
     cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
     k = k_ref[span, :]
     words = (row_words, columns_ref[_pair_span(j, block_k)]) if rate else None
-    dscores, dv = _tile_grads(q, k, v_ref[span, :], dout, rows, cols, q_ids, kv_ids_ref[span],
-                              lse, delta, words, rate, causal, ptx)
+    visible = _Visible(whole_ref[0, j], q_ids, kv_ids_ref[span], rows, cols, causal)
+    dscores, dv = _tile_grads(q, k, v_ref[span, :], dout, visible, lse, delta, words, rate, ptx)
     dk = _dot(dscores.astype(q.dtype), q, trans_a=True)
     dk_ref[span, :] = (dk * (scale / math.sqrt(K))).astype(dk_ref.dtype)
     dv_ref[span, :] = (dv * scale).astype(dv_ref.dtype)
@@ -385,8 +425,8 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool, ptx: boo
 
 def _query_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> Array:
   """dQ of query tile `t`, summed over the key tiles it visits (`refs` as _key_grads')."""
-  key_ref, q_ids_ref, kv_ids_ref, columns_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, \
-      delta_ref = refs
+  key_ref, q_ids_ref, kv_ids_ref, columns_ref, whole_ref, q_ref, k_ref, v_ref, dout_ref, \
+      lse_ref, delta_ref = refs
   K, S = q_ref.shape[1], k_ref.shape[0]
   block_q, block_k = BACKWARD_BLOCKS
   span_q = pl.ds(t * block_q, block_q)
@@ -400,12 +440,12 @@ def _query_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> Array:
     span = pl.ds(j * block_k, block_k)
     cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)
     k = k_ref[span, :]
-    logits, seen = _scores(q, k, rows, cols, q_ids, kv_ids_ref[span], causal)
-    p = _exp2(logits, _scale_log2(K), lse, ptx)
+    visible = _Visible(whole_ref[t, j], q_ids, kv_ids_ref[span], rows, cols, causal)
+    p = _exp2(_scores(q, k, visible), _scale_log2(K), lse, ptx)
     dprobs = _dot(dout, v_ref[span, :], trans_b=True)  # over the keep scale, as _key_grads'
     if rate:
       dprobs = jnp.where(_keep(row_words, columns_ref[_pair_span(j, block_k)], rate), dprobs, 0.0)
-    dscores = jnp.where(seen, p * (dprobs - delta[:, None]), _unseen_zeros(lse))
+    dscores = visible.where(p * (dprobs - delta[:, None]), _unseen_zeros(lse))
     return dq + _dot(dscores.astype(k.dtype), k)
 
   stop = _key_blocks(t, block_q, block_k, S, causal)
@@ -419,9 +459,9 @@ def _backward_kernel(*refs, rate: float, causal: bool, grads: str, fused: bool, 
   'all' (the (b, h)'s dQ, dK and dV, its queries in one tile: _all_grads). With `fused`, one
   output (rows, 3, K) holds dQ, dK and dV."""
   if fused:  # one (rows, 3, K) block of q, k and v, and one of dq, dk and dv
-    inputs, outputs = (*refs[:4], *_parts(refs[4]), *refs[5:8]), list(_parts(refs[8]))
+    inputs, outputs = (*refs[:5], *_parts(refs[5]), *refs[6:9]), list(_parts(refs[9]))
   else:
-    inputs, outputs = refs[:10], list(refs[10:])
+    inputs, outputs = refs[:11], list(refs[11:])
   if grads == 'all':
     _all_grads(inputs, *outputs, rate, causal, ptx)
     return
@@ -475,20 +515,26 @@ def _fused_rows(rows: int, K: int, tiled: bool = False) -> pl.BlockSpec:
   return pl.BlockSpec((None, rows, 3, None, K), lambda b, h, t: (b, 0, 0, h, 0))
 
 
-def _operands(q: Array, k: Array, v: Array, q_rows: int, tiled: bool, fused: bool
-              ) -> tuple[list[pl.BlockSpec], tuple[Array, ...]]:
-  """The kernels' first operands' BlockSpecs, and q, k and v's arrays: the (b, h)'s key, the q
-  ids of `q_rows` queries (tile t, or the first), the kv ids, the column words, then q (those
-  rows), k and v whole; with `fused`, their one array's (S, 3, K) block instead."""
+def _operands(q: Array, k: Array, v: Array, whole: Array, q_rows: int, tiled: bool,
+              fused: bool) -> tuple[list[pl.BlockSpec], tuple[Array, ...]]:
+  """The kernels' first operands' BlockSpecs, and the arrays after the column words: the (b,
+  h)'s key, the q ids of `q_rows` queries (tile t, or the first), the kv ids, the column words,
+  the whole tiles (query tile t's row of `whole`, or all of it), then q (those rows), k and v
+  whole; with `fused`, their one array's (S, 3, K) block instead."""
   S, K = k.shape[1], q.shape[-1]
-  q_ids = (pl.BlockSpec((None, q_rows), lambda b, h, t: (b, t)) if tiled
-           else pl.BlockSpec((None, q_rows), lambda b, h, t: (b, 0)))
+  if tiled:
+    q_ids = pl.BlockSpec((None, q_rows), lambda b, h, t: (b, t))
+    tiles = pl.BlockSpec((None, None, whole.shape[2]), lambda b, h, t: (b, t, 0))
+  else:
+    q_ids = pl.BlockSpec((None, q_rows), lambda b, h, t: (b, 0))
+    tiles = pl.BlockSpec((None, *whole.shape[1:]), lambda b, h, t: (b, 0, 0))
   specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)), q_ids,
            pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
-           pl.BlockSpec((S // 2,), lambda b, h, t: (0,))]
+           pl.BlockSpec((S // 2,), lambda b, h, t: (0,)), tiles]
   if fused:
-    return specs + [_fused_rows(S, K)], (q,)
-  return specs + [_part(q, q_rows, tiled), _part(k, S, False), _part(v, S, False)], (q, k, v)
+    return specs + [_fused_rows(S, K)], (whole, q)
+  return (specs + [_part(q, q_rows, tiled), _part(k, S, False), _part(v, S, False)],
+          (whole, q, k, v))
 
 
 def _sizes(q: Array, k: Array) -> tuple[int, int, int, int, int]:
@@ -501,7 +547,8 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal, fused=False):
   array, read in place."""
   B, L, S, H, K = _sizes(q, k)
   block_q, block_k = FORWARD_BLOCKS
-  in_specs, arrays = _operands(q, k, v, block_q, True, fused)
+  whole = _whole_tiles(q_ids, kv_ids, block_q, block_k, causal)
+  in_specs, arrays = _operands(q, k, v, whole, block_q, True, fused)
   out_specs = [_part(q, block_q, True),
                pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
   out_shape = [jax.ShapeDtypeStruct((B, L, H, K), q.dtype),
@@ -520,7 +567,8 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=
   block_q, block_k = BACKWARD_BLOCKS
   delta = jnp.einsum('BLHK,BLHK->BHL', dout.astype(jnp.float32), out.astype(jnp.float32))
   rows = pl.BlockSpec((None, None, L), lambda b, h, t: (b, h, 0))
-  in_specs, arrays = _operands(q, k, v, L, False, fused)
+  whole = _whole_tiles(q_ids, kv_ids, L if whole_queries(L) else block_q, block_k, causal)
+  in_specs, arrays = _operands(q, k, v, whole, L, False, fused)
   in_specs += [_part(dout, L, False), rows, rows]
   args = (keys, q_ids, kv_ids, column_words(S), *arrays, dout, lse, delta)
 

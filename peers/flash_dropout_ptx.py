@@ -148,7 +148,9 @@ def nvdisasm() -> str | None:
 def sass_count(sass: str) -> dict:
   """nvdisasm's listing of one kernel: its machine instructions inside loops (from a label to a
   branch back to it), by opcode, and the spills among them (local memory: STL, LDL). What the
-  SM issues, one a warp each: ptxas fuses and drops PTX's, and adds its own."""
+  SM issues, one a warp each: ptxas fuses and drops PTX's, and adds its own. `in_loops_fewest`:
+  the fewest a pass of the loops can issue, without the code that a forward branch inside them
+  skips (a tile whose every query sees every key skips its masking: flash_dropout._Visible)."""
   addresses, labels, pending = [], {}, []
   for line in sass.splitlines():
     label = re.match(r'\s*\.(L_x_\d+):', line)
@@ -164,9 +166,15 @@ def sass_count(sass: str) -> dict:
       addresses.append((address, m.group(2), branch.group(1) if branch else None))
   loops = [(labels[target], address) for address, _, target in addresses
            if target in labels and labels[target] < address]
-  inside = collections.Counter(opcode for address, opcode, _ in addresses
-                               if any(start <= address <= end for start, end in loops))
+  in_loop = lambda address: any(start <= address <= end for start, end in loops)  # noqa: E731
+  skips = [(address, labels[target]) for address, _, target in addresses
+           if target in labels and labels[target] > address and in_loop(address)
+           and in_loop(labels[target])]
+  inside = collections.Counter(opcode for address, opcode, _ in addresses if in_loop(address))
+  skipped = sum(1 for address, _, _ in addresses
+                if in_loop(address) and any(start < address < end for start, end in skips))
   return {'in_loops_total': sum(inside.values()), 'total': len(addresses),
+          'in_loops_fewest': sum(inside.values()) - skipped,
           'spills_in_loops': inside['STL'] + inside['LDL'],
           'in_loops': dict(inside.most_common())}
 

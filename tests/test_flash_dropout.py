@@ -27,8 +27,10 @@ import trainer.checks
 TOLERANCE = 1e-5  # float32: the kernels and XLA's softmax agree to rounding (seen: below 1e-6)
 
 
-# BERT's padded rows, GPT's packed documents, the Transformer's cross attention: runs cross the
-# tiles' edges (128 queries and 64 keys forward, 64 and 64 backward) and rows end in padding.
+# BERT's padded rows, GPT's packed documents and a GPT row of one document, the Transformer's
+# cross attention: runs cross the tiles' edges (128 queries and 64 keys forward, 64 and 64
+# backward) and rows end in padding; tiles whose every query sees every key, whose masking the
+# kernels leave out, and the others (test_whole_tiles_are_those_whose_queries_see_every_key).
 # With each, the backward kernel it takes: a (b, h)'s 128 queries in one tile ('all', with
 # WHOLE_QUERIES 128), as many query tiles as key tiles ('qkv'), or dQ's and dK's and dV's
 # kernels ('q', 'kv').
@@ -43,6 +45,9 @@ MASKS = {
         _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
         _ids([[(1, 100), (2, 60), (3, 96)], [(1, 5), (2, 140), (3, 40)]], 256),
         causal=True, kernel='triton'), 'qkv'),
+    'gpt_one_document_causal': (lambda: layers.SegmentMask(
+        _ids([[(1, 256)], [(1, 230)]], 256), _ids([[(1, 256)], [(1, 230)]], 256), causal=True,
+        kernel='triton'), 'qkv'),
     'gpt_packed_causal_128': (lambda: layers.SegmentMask(
         _ids([[(1, 50), (2, 30), (3, 48)], [(1, 5), (2, 70), (3, 20)]], 128),
         _ids([[(1, 50), (2, 30), (3, 48)], [(1, 5), (2, 70), (3, 20)]], 128),
@@ -115,6 +120,25 @@ def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate, monkeyp
   if rate:  # the tolerance tells another mask apart, in each of the four
     other = _output_and_grads(reference(keys + 1), q, k, v, cotangent, real_BL)
     assert min(_errors(other, expected)) > 100 * TOLERANCE
+
+
+def test_whole_tiles_are_those_whose_queries_see_every_key():
+  """_whole_tiles, the tiles whose masking the kernels leave out: exactly those of the dense mask
+  (`visible`) that are all seen, at the forward's, the backward's and the one-tile backward's
+  tiles; the masks above hold both kinds (so their kernels' tests take both branches)."""
+  kinds = set()
+  for make_mask, _ in MASKS.values():
+    mask = make_mask()
+    (B, L), S = mask.q_BL.shape, mask.kv_BS.shape[1]
+    seen = np.asarray(flash_dropout.visible(mask.q_BL, mask.kv_BS, mask.causal))[:, 0]
+    for block_q, block_k in (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS, (L, 64)):
+      whole = np.asarray(flash_dropout._whole_tiles(  # pylint: disable=protected-access
+          mask.q_BL.astype(jnp.int32), flash_dropout._kv_ids(mask.kv_BS),  # pylint: disable=protected-access
+          block_q, block_k, mask.causal))
+      tiles = seen.reshape(B, L // block_q, block_q, S // block_k, block_k).all(axis=(2, 4))
+      np.testing.assert_array_equal(whole, tiles.astype(np.int32))
+      kinds |= {(mask.causal, bool(x)) for x in whole.flat}
+  assert kinds == {(False, True), (False, False), (True, True), (True, False)}
 
 
 def test_a_query_that_sees_no_key_spreads_evenly_over_the_key_tiles():
