@@ -13,9 +13,10 @@ probabilities), which must equal keep_mask's bit for bit, so that Triton's 32-bi
 the one the CPU's interpret mode checked.
 
 time: milliseconds of one jitted forward and backward (the gradients of q, k and v) at
-BERT-base's attention (256 x 128, 12 heads of 64, padded rows) and GPT-1's (64 x 512, causal),
-bfloat16, the kernels (on three arrays, and on one as self_attention) against the reference
-(XLA's unfused attention with the same masks). At BERT-base's 128 queries, also the kernels with
+BERT-base's attention (256 x 128, 12 heads of 64) and GPT-1's (64 x 512, causal), bfloat16, rows
+without padding, the kernels (on three arrays, and on one as self_attention) against the
+reference (XLA's unfused attention with the same masks); also self_attention with one row in
+eight padded (a tile with padding takes the masking that whole tiles skip). At BERT-base's 128 queries, also the kernels with
 the one-kernel backward (flash_dropout's WHOLE_QUERIES, opt-in); the kernels' gradients against
 the first's. `check` checks the one-kernel backward at 128 queries.
 With --variants, also the kernels at other tiles and Triton launch parameters (VARIANTS): their
@@ -139,12 +140,15 @@ def _shapes(small: bool) -> dict[str, tuple]:
   return {'bert_base 256x128': (256, 128, 12, 64, False), 'gpt1 64x512': (64, 512, 12, 64, True)}
 
 
-def _gradient_step(attend, B, L, H, K, causal, fused=False):
+def _gradient_step(attend, B, L, H, K, causal, fused=False, padded=False):
   """The jitted gradients of q, k and v of one bfloat16 call of `attend`, and its arguments;
   with `fused`, of flash_dropout.self_attention of one (B, L, 3, H, K) array (`attend` unused),
-  and the one array of their gradients."""
+  and the one array of their gradients. With `padded`, one row in eight ends in L // 4 padding
+  positions."""
   q, k, v, cotangent, keys = _inputs(B, L, L, H, K, jnp.bfloat16)
   ids = jnp.ones((B, L), jnp.int32)
+  if padded:
+    ids = ids.at[::8, L - L // 4:].set(0)
   if fused:
     return jax.jit(jax.grad(lambda qkv: jnp.sum(flash_dropout.self_attention(
         qkv, ids, ids, keys, RATE, causal).astype(jnp.float32) * cotangent))), (
@@ -169,16 +173,17 @@ def timing(small: bool) -> dict:
   results = {}
   for name, shape in _shapes(small).items():
     figures, grads = {}, {}
-    runs = [('triton', flash_dropout.attention, flash_dropout.WHOLE_QUERIES, False),
-            ('triton self_attention', None, flash_dropout.WHOLE_QUERIES, True),
-            ('xla', flash_dropout.reference, 0, False)]
+    runs = [('triton', flash_dropout.attention, flash_dropout.WHOLE_QUERIES, False, False),
+            ('triton self_attention', None, flash_dropout.WHOLE_QUERIES, True, False),
+            ('xla', flash_dropout.reference, 0, False, False),
+            ('triton self_attention padded rows', None, flash_dropout.WHOLE_QUERIES, True, True)]
     if shape[1] <= 128 and not flash_dropout.WHOLE_QUERIES:
-      runs.append(('triton self_attention whole queries', None, 128, True))
-    for kernel, attend, whole, fused in runs:
+      runs.append(('triton self_attention whole queries', None, 128, True, False))
+    for kernel, attend, whole, fused, padded in runs:
       with configured(*OWN, whole):
-        step, args = _gradient_step(attend, *shape, fused=fused)
+        step, args = _gradient_step(attend, *shape, fused=fused, padded=padded)
         figures[f'{kernel} ms'] = round(_milliseconds(step, args, 2 if small else 50), 3)
-        if kernel != 'xla':
+        if kernel not in ('xla', 'triton self_attention padded rows'):  # other masks
           grads[kernel] = _three(step(*args))
     for kernel in list(grads)[1:]:  # the same masks: only rounding may differ
       figures[f'{kernel} dq dk dv against triton (of the largest entry)'] = [
