@@ -222,7 +222,7 @@ def _scale_log2(head_dim: int) -> float:
 # 2^(x * scale - shift) as one fma and one ex2.approx.ftz a element. jnp.exp2 goes to libdevice's
 # exp2f, whose ex2.approx XLA's pipeline compiles without flush-to-zero: ptxas puts a compare and
 # two multiplies around it for subnormal results, and the scale and the shift were a multiply and
-# a subtraction of their own (7 instructions an element where these take 2; peers/
+# a subtraction of their own (6 instructions an element where these take 2; peers/
 # flash_dropout_ptx.py counts them). Flushing a result below 2^-126 to 0 changes no probability
 # that matters, and the exponents are the same numbers to within the fma's one rounding.
 _EXP2_PTX = '{ .reg .f32 t; fma.rn.ftz.f32 t, $1, 0f%08X, $2; ex2.approx.ftz.f32 $0, t; }'
