@@ -70,16 +70,28 @@ def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Ar
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _mix(x: Array) -> Array:
-  """A bijection of uint32 words in which every output bit depends on every input bit
-  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift). `x` is a jax
-  array, or a numpy one (column_words)."""
+def _shift_in(x: Array) -> Array:
+  """`_mix`'s first step, x ^ (x >> 16). It distributes over xor, so that the rows' and the
+  columns' words (`_row_words`, `column_words`) take it once a word and an element's draw,
+  `_mix_on` of their xor, is `_mix` of the plain words' xor at two instructions less."""
+  return x ^ (x >> 16)
+
+
+def _mix_on(x: Array) -> Array:
+  """The rest of `_mix` after `_shift_in`: two multiplies around an xorshift, a last
+  xorshift."""
   uint32 = np.uint32 if isinstance(x, np.ndarray) else jnp.uint32
-  x = x ^ (x >> 16)
   x = x * uint32(0x85EBCA6B)
   x = x ^ (x >> 13)
   x = x * uint32(0xC2B2AE35)
   return x ^ (x >> 16)
+
+
+def _mix(x: Array) -> Array:
+  """A bijection of uint32 words in which every output bit depends on every input bit
+  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift). `x` is a jax
+  array, or a numpy one (column_words)."""
+  return _mix_on(_shift_in(x))
 
 
 def _threshold(rate: float) -> int:
@@ -97,22 +109,26 @@ COLUMN_SALT = 0x9E3779B9  # keeps the word of column pair c apart from row c's
 
 
 def _row_words(key: Array, rows: Array) -> Array:
-  """The words of query positions `rows` (a vector) of the (b, h) whose key is `key`."""
-  return _mix(key ^ _mix(rows.astype(jnp.uint32)))
+  """The words of query positions `rows` (a vector) of the (b, h) whose key is `key`,
+  mix(key ^ mix(i)), through `_shift_in`."""
+  return _shift_in(_mix(key ^ _mix(rows.astype(jnp.uint32))))
 
 
 def column_words(num_keys: int) -> np.ndarray:
-  """The words of the key positions' pairs (2c, 2c + 1), ceil(S / 2) of them, the same for every
-  call: a constant of the compiled program (numpy's, so no device holds it while tracing),
-  which the kernels read as they read the segment ids."""
-  return _mix(np.arange((num_keys + 1) // 2, dtype=np.uint32) ^ np.uint32(COLUMN_SALT))
+  """The words of the key positions' pairs (2c, 2c + 1), mix(c ^ COLUMN_SALT) through
+  `_shift_in`, ceil(S / 2) of them, the same for every call: a constant of the compiled program
+  (numpy's, so no device holds it while tracing), which the kernels read as they read the
+  segment ids."""
+  return _shift_in(_mix(np.arange((num_keys + 1) // 2, dtype=np.uint32)
+                        ^ np.uint32(COLUMN_SALT)))
 
 
 def _keep(row_words: Array, pair_words: Array, rate: float) -> Array:
   """The kept elements (..., rows, 2 x pairs) of row words (..., rows) and the words of pairs of
-  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S). Each element pair's draw gives
-  its low 16 bits to column 2c and its high 16 bits to column 2c + 1."""
-  draws = _mix(row_words[..., :, None] ^ pair_words)
+  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S). Each element pair's draw,
+  mix(row ^ column) of the plain words, gives its low 16 bits to column 2c and its high 16 bits
+  to column 2c + 1."""
+  draws = _mix_on(row_words[..., :, None] ^ pair_words)
   dropped = _threshold(rate)
   low = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
   high = draws >= jnp.uint32(dropped << 16)  # (draws >> 16) >= dropped

@@ -235,6 +235,32 @@ def test_the_output_shows_the_mask_of_keep_mask():
                              kept * flash_dropout.keep_scale(0.5) / L, rtol=1e-6)
 
 
+def _fmix32(x: np.ndarray) -> np.ndarray:
+  """MurmurHash3's 32-bit finalizer, written here from its definition."""
+  x = x ^ (x >> np.uint32(16))
+  x = x * np.uint32(0x85EBCA6B)
+  x = x ^ (x >> np.uint32(13))
+  x = x * np.uint32(0xC2B2AE35)
+  return x ^ (x >> np.uint32(16))
+
+
+def test_keep_mask_is_the_documented_hash():
+  """The mask as flash_dropout's docstring and docs/accelerators.md define it, computed here in
+  numpy: query i of (b, h) has the word mix(key ^ mix(i)), key pair c the word mix(c ^
+  0x9E3779B9), and mix(row ^ column) gives keys 2c and 2c + 1 its low and high 16 bits, kept
+  where they reach rate * 2^16. The kernels' arithmetic may be arranged otherwise (the tests
+  above hold them to keep_mask), not the mask."""
+  B, H, L, S, rate = 2, 3, 16, 10, 0.3
+  keys = flash_dropout.dropout_keys(jax.random.key(7), B, H)
+  with np.errstate(over='ignore'):
+    rows = _fmix32(np.asarray(keys)[:, :, None] ^ _fmix32(np.arange(L, dtype=np.uint32)))
+    columns = _fmix32(np.arange(S // 2, dtype=np.uint32) ^ np.uint32(0x9E3779B9))
+    draws = _fmix32(rows[..., None] ^ columns)  # (B, H, L, S / 2)
+  halves = np.stack([draws & np.uint32(0xFFFF), draws >> np.uint32(16)], axis=-1)
+  expected = (halves >= round(rate * 2 ** 16)).reshape(B, H, L, S)
+  np.testing.assert_array_equal(np.asarray(flash_dropout.keep_mask(keys, L, S, rate)), expected)
+
+
 def test_masks_are_independent_draws_at_the_rate():
   """16 draws of (4 x 4) x 128 x 128: each draw's rate within the binomial spread, the draws'
   spread that of independent elements (cuDNN's was twice it on an H200: docs/accelerators.md),
