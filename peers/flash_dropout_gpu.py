@@ -16,9 +16,9 @@ time: milliseconds of one jitted forward and backward (the gradients of q, k and
 BERT-base's attention (256 x 128, 12 heads of 64) and GPT-1's (64 x 512, causal), bfloat16, rows
 without padding, the kernels (on three arrays, and on one as self_attention) against the
 reference (XLA's unfused attention with the same masks); also self_attention with one row in
-eight padded (a tile with padding takes the masking that whole tiles skip). At BERT-base's 128 queries, also the kernels with
-the one-kernel backward (flash_dropout's WHOLE_QUERIES, opt-in); the kernels' gradients against
-the first's. `check` checks the one-kernel backward at 128 queries.
+eight padded (a tile with padding takes the masking that whole tiles skip). At BERT-base's 128
+queries, also the kernels with the one-kernel backward (flash_dropout's WHOLE_QUERIES, opt-in);
+the kernels' gradients against the first's. `check` checks the one-kernel backward at 128 queries.
 With --variants, also the kernels at other tiles and Triton launch parameters (VARIANTS): their
 time, and their gradients against the first's (flash_dropout's own tiles; the same masks).
 

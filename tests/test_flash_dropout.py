@@ -126,15 +126,16 @@ def test_whole_tiles_are_those_whose_queries_see_every_key():
   """_whole_tiles, the tiles whose masking the kernels leave out: exactly those of the dense mask
   (`visible`) that are all seen, at the forward's, the backward's and the one-tile backward's
   tiles; the masks above hold both kinds (so their kernels' tests take both branches)."""
+  # pylint: disable-next=protected-access
+  whole_tiles, kv_ids = flash_dropout._whole_tiles, flash_dropout._kv_ids
   kinds = set()
   for make_mask, _ in MASKS.values():
     mask = make_mask()
     (B, L), S = mask.q_BL.shape, mask.kv_BS.shape[1]
     seen = np.asarray(flash_dropout.visible(mask.q_BL, mask.kv_BS, mask.causal))[:, 0]
     for block_q, block_k in (flash_dropout.FORWARD_BLOCKS, flash_dropout.BACKWARD_BLOCKS, (L, 64)):
-      whole = np.asarray(flash_dropout._whole_tiles(  # pylint: disable=protected-access
-          mask.q_BL.astype(jnp.int32), flash_dropout._kv_ids(mask.kv_BS),  # pylint: disable=protected-access
-          block_q, block_k, mask.causal))
+      whole = np.asarray(whole_tiles(mask.q_BL.astype(jnp.int32), kv_ids(mask.kv_BS), block_q,
+                                     block_k, mask.causal))
       tiles = seen.reshape(B, L // block_q, block_q, S // block_k, block_k).all(axis=(2, 4))
       np.testing.assert_array_equal(whole, tiles.astype(np.int32))
       kinds |= {(mask.causal, bool(x)) for x in whole.flat}
