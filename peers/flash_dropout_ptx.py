@@ -1,7 +1,7 @@
 """On this CPU: the PTX that XLA makes of our attention kernels (models/flash_dropout.py) for one
 H100, counted by kind of instruction inside the kernels' loops (one key or query tile each), and
-what ptxas makes of it: registers a thread, spills, and so how many of the kernel's blocks an SM
-holds at once.
+what ptxas makes of it: registers a thread, spills, so how many of the kernel's blocks an SM
+holds at once, and the machine code (SASS) itself, counted by opcode in the loops.
 
     python peers/flash_dropout_ptx.py              # BERT-base's and GPT-1's attention, dropout 0.1
     python peers/flash_dropout_ptx.py --rate=0     # the same without dropout
@@ -20,7 +20,8 @@ architecture and says how many registers a thread takes and how many bytes it sp
 memory; XLA's thunk sequence gives the launch (grid, threads, dynamic shared memory). With the
 GPU's limits (XLA's target config: registers and shared memory of an SM, its threads), that gives
 the blocks an SM holds at once, what limits them, and the waves of blocks a launch takes. These
-are the assembler's and the launch's figures, before any run.
+are the assembler's and the launch's figures, before any run. nvdisasm (requirements-dev.txt)
+lists the machine code ptxas made, what the SM issues: `sass_count` counts its loops.
 
 Prints one JSON line per kernel: the case, the kernel, counts by kind in its loops and whole,
 and `assembled`.
@@ -139,7 +140,8 @@ def nvdisasm() -> str | None:
   """NVIDIA's disassembler (the nvidia-cuda-nvdisasm wheel of requirements-dev.txt), else one on
   the PATH."""
   spec = importlib.util.find_spec('nvidia')
-  for folder in (spec.submodule_search_locations or []) if spec else []:
+  folders = (spec.submodule_search_locations or []) if spec else []
+  for folder in folders:  # nvidia/cu13/bin/nvdisasm
     for found in sorted(glob.glob(os.path.join(folder, '*', 'bin', 'nvdisasm'))):
       return found
   return shutil.which('nvdisasm')
