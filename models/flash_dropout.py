@@ -213,10 +213,10 @@ def _scores(q, k, visible: _Visible) -> Array:
 
 def _whole_tiles(q_ids_BL: Array, kv_ids_BS: Array, block_q: int, block_k: int,
                  causal: bool) -> Array:
-  """(B, L // block_q, S // block_k) int32: 1 for a tile whose every query sees every key (one
-  segment id throughout, no padding query or key, and with causality no key after the tile's
-  first query), whose masking the kernels leave out (_Visible). The kv ids as `attention`
-  gives them (padding -1)."""
+  """(B, Q, T) int32, Q = L // block_q query tiles by T = S // block_k key tiles: 1 for a tile
+  whose every query sees every key (one segment id throughout, no padding query or key, and
+  with causality no key after the tile's first query), whose masking the kernels leave out
+  (_Visible). The kv ids as `attention` gives them (padding -1)."""
   (B, L), S = q_ids_BL.shape, kv_ids_BS.shape[1]
   q_ids = q_ids_BL.reshape(B, L // block_q, 1, block_q)
   kv_ids = kv_ids_BS.reshape(B, 1, S // block_k, block_k)
@@ -531,26 +531,26 @@ def _fused_rows(rows: int, K: int, tiled: bool = False) -> pl.BlockSpec:
   return pl.BlockSpec((None, rows, 3, None, K), lambda b, h, t: (b, 0, 0, h, 0))
 
 
-def _operands(q: Array, k: Array, v: Array, whole: Array, q_rows: int, tiled: bool,
+def _operands(q: Array, k: Array, v: Array, whole_BQT: Array, q_rows: int, tiled: bool,
               fused: bool) -> tuple[list[pl.BlockSpec], tuple[Array, ...]]:
   """The kernels' first operands' BlockSpecs, and the arrays after the column words: the (b,
   h)'s key, the q ids of `q_rows` queries (tile t, or the first), the kv ids, the column words,
-  the whole tiles (query tile t's row of `whole`, or all of it), then q (those rows), k and v
+  the whole tiles (query tile t's row of `whole_BQT`, or all of it), then q (those rows), k and v
   whole; with `fused`, their one array's (S, 3, K) block instead."""
   S, K = k.shape[1], q.shape[-1]
   if tiled:
     q_ids = pl.BlockSpec((None, q_rows), lambda b, h, t: (b, t))
-    tiles = pl.BlockSpec((None, None, whole.shape[2]), lambda b, h, t: (b, t, 0))
+    tiles = pl.BlockSpec((None, None, whole_BQT.shape[2]), lambda b, h, t: (b, t, 0))
   else:
     q_ids = pl.BlockSpec((None, q_rows), lambda b, h, t: (b, 0))
-    tiles = pl.BlockSpec((None, *whole.shape[1:]), lambda b, h, t: (b, 0, 0))
+    tiles = pl.BlockSpec((None, *whole_BQT.shape[1:]), lambda b, h, t: (b, 0, 0))
   specs = [pl.BlockSpec((None, None), lambda b, h, t: (b, h)), q_ids,
            pl.BlockSpec((None, S), lambda b, h, t: (b, 0)),
            pl.BlockSpec((S // 2,), lambda b, h, t: (0,)), tiles]
   if fused:
-    return specs + [_fused_rows(S, K)], (whole, q)
+    return specs + [_fused_rows(S, K)], (whole_BQT, q)
   return (specs + [_part(q, q_rows, tiled), _part(k, S, False), _part(v, S, False)],
-          (whole, q, k, v))
+          (whole_BQT, q, k, v))
 
 
 def _sizes(q: Array, k: Array) -> tuple[int, int, int, int, int]:
@@ -563,8 +563,8 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal, fused=False):
   array, read in place."""
   B, L, S, H, K = _sizes(q, k)
   block_q, block_k = FORWARD_BLOCKS
-  whole = _whole_tiles(q_ids, kv_ids, block_q, block_k, causal)
-  in_specs, arrays = _operands(q, k, v, whole, block_q, True, fused)
+  whole_BQT = _whole_tiles(q_ids, kv_ids, block_q, block_k, causal)
+  in_specs, arrays = _operands(q, k, v, whole_BQT, block_q, True, fused)
   out_specs = [_part(q, block_q, True),
                pl.BlockSpec((None, None, block_q), lambda b, h, t: (b, h, t))]
   out_shape = [jax.ShapeDtypeStruct((B, L, H, K), q.dtype),
@@ -583,8 +583,8 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=
   block_q, block_k = BACKWARD_BLOCKS
   delta = jnp.einsum('BLHK,BLHK->BHL', dout.astype(jnp.float32), out.astype(jnp.float32))
   rows = pl.BlockSpec((None, None, L), lambda b, h, t: (b, h, 0))
-  whole = _whole_tiles(q_ids, kv_ids, L if whole_queries(L) else block_q, block_k, causal)
-  in_specs, arrays = _operands(q, k, v, whole, L, False, fused)
+  whole_BQT = _whole_tiles(q_ids, kv_ids, L if whole_queries(L) else block_q, block_k, causal)
+  in_specs, arrays = _operands(q, k, v, whole_BQT, L, False, fused)
   in_specs += [_part(dout, L, False), rows, rows]
   args = (keys, q_ids, kv_ids, column_words(S), *arrays, dout, lse, delta)
 
