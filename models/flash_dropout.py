@@ -57,7 +57,12 @@ BACKWARD_BLOCKS = (64, 64)
 # check and time (peers/flash_dropout_gpu.py) before BERT's 128 takes it.
 WHOLE_QUERIES = 0
 ALL_GRADS_WARPS = 8
-# Triton's launch parameters, as first written (peers/flash_dropout_gpu.py time --variants times
+# On NVIDIA GPUs, each exponential as one fma and one ex2.approx.ftz of inline PTX (_exp2): 2
+# instructions an element where jnp.exp2 takes 6. False, off: interpret mode runs jnp.exp2, so
+# this CPU cannot run the PTX (only assemble it: peers/flash_dropout_ptx.py); it waits for a
+# GPU's check and time (peers/flash_dropout_gpu.py) before it becomes the default.
+EXP2_PTX = False
+# Triton's launch parameters, as first written (peers/flash_dropout_gpu.py variants times
 # other tiles and these on a GPU).
 TRITON_PARAMS = {'num_warps': 4, 'num_stages': 2}
 _LOG2_E = math.log2(math.e)
@@ -235,7 +240,7 @@ def _scale_log2(head_dim: int) -> float:
   return _LOG2_E / math.sqrt(head_dim)
 
 
-# 2^(x * scale - shift) as one fma and one ex2.approx.ftz a element. jnp.exp2 goes to libdevice's
+# 2^(x * scale - shift) as one fma and one ex2.approx.ftz an element. jnp.exp2 goes to libdevice's
 # exp2f, whose ex2.approx XLA's pipeline compiles without flush-to-zero: ptxas puts a compare and
 # two multiplies around it for subnormal results, and the scale and the shift were a multiply and
 # a subtraction of their own (6 instructions an element where these take 2; peers/
@@ -254,8 +259,8 @@ def _unseen_zeros(row_values: Array) -> Array:
 
 
 def _exp2(logits: Array, scale: float, shift: Array, ptx: bool) -> Array:
-  """2^(logits * scale - shift), `shift` one number a row: on an NVIDIA GPU (`ptx`) one fma and
-  one ex2 an element (_EXP2_PTX), elsewhere (interpret mode, ROCm) in jax ops."""
+  """2^(logits * scale - shift), `shift` one number a row: with `ptx` (EXP2_PTX, on an NVIDIA
+  GPU) one fma and one ex2 an element (_EXP2_PTX), otherwise in jax ops."""
   if not ptx:
     return jnp.exp2(logits * scale - shift[:, None])
   scale_bits = int(np.float32(scale).view(np.uint32))
@@ -500,14 +505,15 @@ def _flops(B: int, H: int, L: int, S: int, K: int, products: int, causal: bool,
 
 
 def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, flops: float, **triton):
-  """The pallas_call: through Triton on an NVIDIA GPU (the kernel given `ptx`: _exp2's inline
-  PTX) or an AMD one, in interpret mode elsewhere (decided when the step is lowered for its
-  platform, so aot.py on a CPU compiles the GPU kernels). `triton` overrides TRITON_PARAMS."""
+  """The pallas_call: through Triton on an NVIDIA GPU (with EXP2_PTX, the kernel given `ptx`:
+  _exp2's inline PTX) or an AMD one, in interpret mode elsewhere (decided when the step is
+  lowered for its platform, so aot.py on a CPU compiles the GPU kernels). `triton` overrides
+  TRITON_PARAMS."""
   def build(platform: str):
     interpret, params = platform == 'cpu', {}
     if pl_triton is not None and not interpret:
       params['compiler_params'] = pl_triton.CompilerParams(**{**TRITON_PARAMS, **triton})
-    ptx = platform == 'cuda' and hasattr(pl_triton, 'elementwise_inline_asm')
+    ptx = EXP2_PTX and platform == 'cuda' and hasattr(pl_triton, 'elementwise_inline_asm')
     return pl.pallas_call(functools.partial(kernel, ptx=ptx), grid=grid, in_specs=in_specs,
                           out_specs=out_specs, out_shape=out_shape, interpret=interpret,
                           name=name, metadata={'flops': str(int(flops))}, **params)

@@ -5,7 +5,8 @@ own forward masks and against XLA's attention in whole training runs. Prints JSO
     python peers/attention_dropout_gpu.py rates
     python peers/attention_dropout_gpu.py options compile|environ|none
     python peers/attention_dropout_gpu.py curve configs/bert_base.py:base 200 \
-        --config.train.batch_size=256 --config.model.attention=cudnn [--step_seed=1]
+        --config.train.batch_size=256 --config.model.attention=cudnn [--step_seed=1] \
+        [--flash_dropout.EXP2_PTX=True]
 
 Inside CUDA graphs (command buffers) cuDNN's dropout aborted the process on an H200 (jax
 0.11.2). The train step's compile keeps cuDNN out of them (trainer.steps.CUDNN_DROPOUT_OPTIONS),
@@ -25,11 +26,14 @@ graphs by the per-compile option, by XLA_FLAGS set in the process, or not at all
 
 curve: train.py's step of the config (trainer.state.build, seed 0) run STEPS steps on bench.py's
 synthetic batch (--step_seed=N: the step's dropout RNG from seed N, the weights still from
-seed 0); the loss of every step and the seconds per step (steps 20 to STEPS, run ahead as
-train.py runs them), with progress lines (the compile's seconds, the first step's loss, the seconds
-every 50 steps) before the last line, so that a run its deadline stops still shows where it was.
+seed 0; --flash_dropout.NAME=VALUE sets one of models/flash_dropout.py's module settings for
+model.attention=triton); the loss of every step and the seconds per step (steps 20 to STEPS,
+run ahead as train.py runs them), with progress lines (the compile's seconds, the first step's
+loss, the seconds every 50 steps) before the last line, so that a run its deadline stops still
+shows where it was.
 """
 
+import ast
 import collections
 import hashlib
 import json
@@ -165,7 +169,10 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
   # --step_seed=N: the same initial weights (config.seed) with the step's RNG of seed N, so other
   # dropout masks everywhere: a control for the gap between two runs that differ in their masks.
   step_seed = [int(a.split('=', 1)[1]) for a in overrides if a.startswith('--step_seed=')]
-  overrides = [a for a in overrides if not a.startswith('--step_seed=')]
+  # --flash_dropout.NAME=VALUE: one of models/flash_dropout.py's module settings (its opt-in
+  # changes, EXP2_PTX and WHOLE_QUERIES, or its tiles) for this run, set before the step traces.
+  settings = _flash_dropout_settings([a for a in overrides if a.startswith('--flash_dropout.')])
+  overrides = [a for a in overrides if not a.startswith(('--step_seed=', '--flash_dropout.'))]
   config_flags.DEFINE_config_file('config', None, '')
   flags.FLAGS([sys.argv[0], f'--config={config_arg}'] + overrides)
   config = flags.FLAGS.config
@@ -206,10 +213,26 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
     seconds = (time.perf_counter() - start) / (steps - 20)
   losses = [float(np.divide(*pair)) for pair in jax.device_get(losses)]
   return {'config': config_arg, 'overrides': overrides, 'step_seed': step_seed,
+          'flash_dropout': settings,
           'attention': model_cfg.attention,
           'dropout': model_cfg.attention_dropout_rate, 'device': jax.devices()[0].device_kind,
           'jax': jax.__version__, 'step_seconds': round(seconds, 5),
           'compile_seconds': round(compile_seconds, 1), 'losses': [round(x, 4) for x in losses]}
+
+
+def _flash_dropout_settings(arguments: list[str]) -> dict:
+  """Sets models/flash_dropout.py's module settings from --flash_dropout.NAME=VALUE arguments
+  (VALUE a Python literal); returns them. An unknown NAME stops the run before any compile."""
+  from models import flash_dropout  # pylint: disable=g-import-not-at-top
+  settings = {}
+  for argument in arguments:
+    name, _, value = argument[len('--flash_dropout.'):].partition('=')
+    if not name.isupper() or not hasattr(flash_dropout, name):
+      raise SystemExit(f'{argument}: flash_dropout has no setting {name!r} (its upper-case '
+                       'module settings: EXP2_PTX, WHOLE_QUERIES, FORWARD_BLOCKS, ...)')
+    settings[name] = ast.literal_eval(value)
+    setattr(flash_dropout, name, settings[name])
+  return settings
 
 
 def _cudnn_out_of_cuda_graphs_by_environ() -> None:

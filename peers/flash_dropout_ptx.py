@@ -7,6 +7,9 @@ holds at once, and the machine code (SASS) itself, counted by opcode in the loop
     python peers/flash_dropout_ptx.py --rate=0     # the same without dropout
     python peers/flash_dropout_ptx.py --variants   # at each of flash_dropout_gpu.py's VARIANTS
 
+Without --variants, at flash_dropout's own settings and at flash_dropout_gpu.py's CANDIDATE (the
+opt-in inline PTX exponentials, which a GPU's check has yet to make the default).
+
 aot.py's estimate costs a Pallas kernel by its FLOPs and bytes, as cuDNN's attention, so it does
 not see the per-element work that runs beside the tensor cores: the scores' masking, the online
 softmax, and the dropout mask's hash. At head size 64 that work, not the matrix products, bounds
@@ -287,7 +290,8 @@ def main(argv):
   del argv
   dump = dump_to_new_folder()
   _, devices = aot.topology_devices(flags.FLAGS.topology)
-  chosen = flash_dropout_gpu.VARIANTS if flags.FLAGS.variants else flash_dropout_gpu.VARIANTS[:1]
+  chosen = (flash_dropout_gpu.VARIANTS if flags.FLAGS.variants else
+            dict.fromkeys([flash_dropout_gpu.OWN, flash_dropout_gpu.CANDIDATE]))
   for variant in chosen:
     with flash_dropout_gpu.configured(*variant) as variant_name:
       for name in CASES:
@@ -301,5 +305,5 @@ if __name__ == '__main__':
   flags.DEFINE_float('rate', 0.1, 'The attention dropout rate.')
   flags.DEFINE_string('topology', 'h100:1', "aot.py's name of the GPU to compile for.")
   flags.DEFINE_bool('variants', False,
-                    "Each of flash_dropout_gpu.py's VARIANTS, not only the first.")
+                    "Each of flash_dropout_gpu.py's VARIANTS, not only the first two.")
   app.run(main)

@@ -166,21 +166,23 @@ def test_the_ptx_report_reads_ptxas_and_the_launch_and_counts_the_blocks_an_sm_h
   assert flash_dropout_ptx.residency(64, 128, 100_000, limits)['limited_by'] == ['shared memory']
 
 
-@pytest.mark.slow  # three compiles for an H100 and ptxas: about 20 s
+@pytest.mark.slow  # six compiles for an H100 and ptxas: about 20 s
 def test_our_kernels_assemble_for_an_h100_without_spilling():
   """python peers/flash_dropout_ptx.py: every kernel of BERT-base's and GPT-1's attention, as the
-  models call it, assembled by ptxas for sm_90a: registers, its launch, two blocks an SM, and
-  no spill (a spill to local memory in a kernel's loop would cost every pass)."""
+  models call it, with flash_dropout's own settings and with the opt-in inline PTX exponentials,
+  assembled by ptxas for sm_90a: registers, its launch, two blocks an SM, and no spill (a spill
+  to local memory in a kernel's loop would cost every pass)."""
   # Without the tier's XLA_FLAGS: at --xla_backend_optimization_level=0 GPT-1's forward spills.
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   done = subprocess.run([sys.executable, 'peers/flash_dropout_ptx.py'], cwd=ROOT, env=env,
                         capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   kernels = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{')]
-  assert {(k['case'], k['kernel']) for k in kernels} == {
-      (case, f'flash_dropout_{kernel}')
+  assert len(kernels) == 12 and {(k['case'], k['kernel'], k['variant'].endswith(' exp2 ptx'))
+                                  for k in kernels} == {
+      (case, f'flash_dropout_{kernel}', ptx)
       for case in ('bert_base_256x128', 'gpt1_64x512', 'bert_base_256x128_three_arrays')
-      for kernel in ('forward', 'backward_qkv')}
+      for kernel in ('forward', 'backward_qkv') for ptx in (False, True)}
   for k in kernels:
     assembled = k['assembled']
     assert assembled['target'] == 'sm_90a' and 0 < assembled['registers'] <= 255
@@ -188,9 +190,67 @@ def test_our_kernels_assemble_for_an_h100_without_spilling():
     # The machine code (nvdisasm, requirements-dev.txt): loops of thousands of instructions.
     assert 'in_loops_total' in assembled['sass'], assembled['sass']  # else: no nvdisasm
     assert assembled['sass']['spills_in_loops'] == 0 and assembled['sass']['in_loops_total'] > 500
-    # Each exponential one FFMA and one MUFU.EX2 (flash_dropout._exp2): no compare for a
-    # subnormal result an element, as libdevice's exp2f without flush-to-zero has.
+    # With the inline PTX, each exponential one FFMA and one MUFU.EX2 (flash_dropout._exp2): no
+    # compare for a subnormal result an element, as libdevice's exp2f without flush-to-zero has.
     sass = assembled['sass']['in_loops']
-    assert sass['MUFU'] >= 64 and sass['FFMA'] >= 64 and sass.get('FSETP', 0) < 8, sass
+    if k['variant'].endswith(' exp2 ptx'):
+      assert sass['MUFU'] >= 64 and sass['FFMA'] >= 64 and sass.get('FSETP', 0) < 8, sass
+    else:
+      assert sass['MUFU'] >= 64 and sass['FSETP'] >= 64, sass
     assert assembled['threads'] == 128 and assembled['blocks_per_sm'] == 2
     assert k['in_loops']['tensor core'] > 0 and k['in_loops_total'] > 0
+
+
+@pytest.mark.slow  # the GPU session's kernel scripts at tiny shapes, interpret mode: about 40 s
+def test_the_gpu_sessions_kernel_scripts_run_small_on_a_cpu():
+  """peers/flash_dropout_gpu.py's check, time and profile (peers/gpu_session.sh runs them on a
+  GPU, whose few minutes a broken script would waste) at --small shapes: each checks or times
+  the opt-in changes beside the default, and the check finds the kernels right."""
+  import flash_dropout_gpu  # pylint: disable=g-import-not-at-top (imports jax)
+  checked = flash_dropout_gpu.check(small=True)
+  assert checked.pop('mask read off the output') == {'elements': 65536,
+                                                     'differing from keep_mask': 0}
+  assert {name.endswith(' exp2 ptx') for name in checked} == {True, False}
+  for name, figures in checked.items():
+    assert max(figures['dq dk dv errors (of the largest entry)']) < (
+        1e-4 if 'float32' in name else 2e-2), (name, figures)
+  timed = flash_dropout_gpu.timing(small=True)['small 2x128']
+  assert timed['triton self_attention exp2 ptx ms'] > 0 < timed['triton self_attention ms']
+  # Interpret mode runs jnp.exp2 either way: the same numbers.
+  assert timed['triton self_attention exp2 ptx dq dk dv against triton (of the largest entry)'] == [
+      0.0, 0.0, 0.0]
+  profiled = flash_dropout_gpu.profile(small=True, calls=2)
+  assert len(profiled) == 4 and all(p['all ops us'] > 0 and p['ops'] for p in profiled.values())
+  assert any(name.endswith(' exp2 ptx') for name in profiled)
+  assert any('flash_dropout_forward' in op['jax_op'] for p in profiled.values()
+             for op in p['ops']), profiled
+
+
+def test_the_gpu_session_takes_the_opt_in_changes_a_check_found_right_and_a_time_faster(
+    tmp_path):
+  import flash_dropout_gpu  # pylint: disable=g-import-not-at-top (imports jax)
+  errors = 'dq dk dv errors (of the largest entry)'
+  check = {'bert float32 exp2 ptx': {errors: [1e-3, 1e-4, 0.0]},
+           'bert bfloat16 exp2 ptx': {errors: [0.01, 0.006, 0.0]},
+           'bert bfloat16': {errors: [0.5, 0.5, 0.5]},  # the default's: not what is chosen
+           'bert_128 whole queries bfloat16 exp2 ptx': {errors: [0.01, 0.0, 0.0]},
+           'mask read off the output': {'elements': 8, 'differing from keep_mask': 0}}
+  base = 'triton self_attention'
+  timed = {'bert': {f'{base} ms': 0.6, f'{base} exp2 ptx ms': 0.5,
+                    f'{base} whole queries ms': 0.4},
+           'gpt': {f'{base} ms': 1.2, f'{base} exp2 ptx ms': 1.1}}
+
+  def chosen(check, timed):
+    (tmp_path / 'check.txt').write_text('progress\n' + json.dumps({'check': check}) + '\n')
+    (tmp_path / 'time.txt').write_text(json.dumps({'time': timed, 'jax': '0.11.2'}) + '\n')
+    return flash_dropout_gpu.settings(str(tmp_path / 'check.txt'), str(tmp_path / 'time.txt'))
+
+  assert chosen(check, timed) == ['--flash_dropout.EXP2_PTX=True',
+                                  '--flash_dropout.WHOLE_QUERIES=128']
+  slower = {'bert': timed['bert'], 'gpt': {**timed['gpt'], f'{base} exp2 ptx ms': 1.3}}
+  assert chosen(check, slower) == ['--flash_dropout.WHOLE_QUERIES=128']  # slower at one shape
+  wrong = {**check, 'bert float32 exp2 ptx': {errors: [1e-3, 3e-3, 0.0]}}
+  assert chosen(wrong, timed) == ['--flash_dropout.WHOLE_QUERIES=128']
+  mask = {**check, 'mask read off the output': {'elements': 8, 'differing from keep_mask': 1}}
+  assert chosen(mask, timed) == []
+  assert flash_dropout_gpu.settings(str(tmp_path / 'none.txt'), str(tmp_path / 'time.txt')) == []
