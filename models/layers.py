@@ -201,16 +201,45 @@ def _split_both_ways(axes: Sequence[str | None]) -> bool:
   return all(w > 1 for w in ways)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def gelu(x: Array, approximate: bool = False) -> Array:
   """GELU (Hendrycks & Gimpel 2016): exact as google-research/bert writes it,
   0.5 x (1 + erf(x / sqrt 2)), or OpenAI GPT's tanh approximation.
 
   jax.nn.gelu's exact form goes through erfc, which costs 4x more on a CPU
   (8.7 ms against 2.4 ms on 4096 x 1024) for the same values within 1e-6.
+
+  Its gradient keeps x alone and computes the derivative from it, in float32
+  (_gelu_backward). Differentiated through its formula, the tanh form kept
+  an intermediate of x's size for the backward besides x: on a GPU, another
+  array the forward writes and the backward reads.
   """
   if approximate:
     return jax.nn.gelu(x, approximate=True)
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+
+def _gelu_forward(x: Array, approximate: bool) -> tuple[Array, Array]:
+  return gelu(x, approximate), x
+
+
+def _gelu_backward(approximate: bool, x: Array, g: Array) -> tuple[Array]:
+  """g times GELU's derivative at x, computed in float32 from x."""
+  x32 = x.astype(jnp.float32)
+  if approximate:  # d/dx of x (1 + tanh(u)) / 2, u = c (x + 0.044715 x^3), c = sqrt(2 / pi)
+    # (1 + tanh(u)) / 2 = s(2u) and (1 - tanh(u)^2) / 2 = 2 s(2u) s(-2u), s the sigmoid: no
+    # cancellation where tanh(u) nears -1.
+    c = math.sqrt(2 / math.pi)
+    u2 = 2 * c * (x32 + 0.044715 * x32 ** 3)
+    s = jax.nn.sigmoid(u2)
+    slope = s + x32 * 2 * s * jax.nn.sigmoid(-u2) * c * (1 + 3 * 0.044715 * x32 ** 2)
+  else:  # Phi(x) + x phi(x)
+    slope = (0.5 * (1 + jax.lax.erf(x32 * 0.7071067811865476))
+             + x32 * jnp.exp(-0.5 * x32 * x32) * (1 / math.sqrt(2 * math.pi)))
+  return ((g.astype(jnp.float32) * slope).astype(x.dtype),)
+
+
+gelu.defvjp(_gelu_forward, _gelu_backward)
 
 
 def column_sum(g_NV: Array) -> Array:
