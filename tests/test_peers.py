@@ -47,6 +47,9 @@ def test_an_unknown_case_is_one_line():
   assert 'unknown --cases' in done.stderr.strip().splitlines()[-1]
 
 
+# Slow: each imports torch and transformers in a process of its own (4-7 s each, 24 s of the
+# fast tier's time); benchmarks' peers, not what a change to the models breaks.
+@pytest.mark.slow
 @pytest.mark.parametrize('script,args', [
     ('bert_torch.py', ['--shape=mini', '--variant=gathered']),
     ('bert_torch.py', ['--shape=mini', '--variant=stock']),
