@@ -137,9 +137,10 @@ def test_beam_of_one_is_greedy_and_greedy_is_each_steps_argmax():
                              bos_id=BOS, eos_id=EOS), greedy)
   # The reference: the full teacher-forced pass on the tokens chosen so far.
   tokens = np.full((3, 9), BOS, np.int32)
+  apply = jax.jit(model.apply)  # one compile for the 8 passes (op by op: 12.4 -> 7.9 s alone)
   for t in range(8):
-    logits = model.apply({'params': params}, {'source_ids': source,
-                                              'target_input_ids': jnp.asarray(tokens[:, :8])})
+    logits = apply({'params': params}, {'source_ids': source,
+                                        'target_input_ids': jnp.asarray(tokens[:, :8])})
     tokens[:, t + 1] = np.argmax(logits['logits'][:, t], -1)
   done = np.cumsum(np.asarray(greedy) == EOS, axis=1) - (np.asarray(greedy) == EOS) > 0
   np.testing.assert_array_equal(np.where(done, 0, greedy), np.where(done, 0, tokens[:, 1:]))
@@ -160,8 +161,9 @@ def _log_prob(model, params, source, tokens_BT):
   """Sum of log p(token) up to and including each row's first EOS, by teacher forcing."""
   tokens_BT = np.asarray(tokens_BT)
   inputs = np.concatenate([np.full((len(tokens_BT), 1), BOS), tokens_BT[:, :-1]], axis=1)
-  logits = model.apply({'params': params}, {'source_ids': source,
-                                            'target_input_ids': jnp.asarray(inputs)})['logits']
+  logits = jax.jit(model.apply)({'params': params}, {'source_ids': source,
+                                                      'target_input_ids': jnp.asarray(inputs)}
+                                 )['logits']
   logp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), tokens_BT[..., None], -1)
   ended_before = np.cumsum(tokens_BT == EOS, axis=1) - (tokens_BT == EOS) > 0
   return np.where(ended_before, 0.0, logp[..., 0]).sum(axis=1)

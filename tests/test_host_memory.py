@@ -55,6 +55,7 @@ def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
   assert _rounds('keep', 'tpu')[0] == 'False'
 
 
+@pytest.mark.slow  # 2.3 GiB written and freed three times: 9 s
 @_GLIBC_ONLY
 def test_a_free_block_above_2_gib_is_kept_too():
   # BERT-base's step frees more than 2 GiB at once: a trim threshold of 2**31 - 1 (mallopt's

@@ -171,6 +171,7 @@ class _Dies:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow  # fault injection: workers that raise and die, restarted 3 times (12 s)
 def test_errors_reach_the_consumer_and_no_worker_is_left():
   units = workers.UnitStream(_Raises(), 2)
   assert [int(next(units)[0]) for _ in range(3)] == [0, 1, 2]
@@ -188,6 +189,7 @@ class _Units:
     return np.full(2, u)
 
 
+@pytest.mark.slow  # fault injection: a worker killed (4 s)
 def test_a_worker_that_died_unnoticed_is_reported_in_one_line_when_the_stream_closes(caplog):
   # The units it was to make were never wanted, so the stream did not meet its death.
   units = workers.UnitStream(_Units(), 2)
@@ -225,6 +227,7 @@ print(block.name)
   assert not os.path.exists(path)
 
 
+@pytest.mark.slow  # fault injection: the resource tracker killed (5 s)
 def test_a_killed_resource_tracker_is_one_line_and_the_units_go_on_exactly():
   """In a process of its own (its resource tracker is killed): multiprocessing would warn,
   start a tracker in every worker too (whose clean-up at the worker's exit removes blocks the
