@@ -142,7 +142,7 @@ def test_causality():
     p = {**params, 'position_embed': {'embedding': table}}
     return gpt.Model(cfg).apply({'params': p}, batch)['lm_logits'][0] @ r  # (L,)
 
-  jac_LPD = jax.jacrev(projected_logits)(params['position_embed']['embedding'])
+  jac_LPD = jax.jit(jax.jacrev(projected_logits))(params['position_embed']['embedding'])
   norms_LP = np.abs(np.asarray(jac_LPD)).sum(-1)[:, :L]
   future = np.triu(np.ones((L, L), bool), k=1)
   assert (norms_LP[future] == 0).all()
@@ -159,7 +159,7 @@ def test_output_layer_is_tied_to_token_embedding():
   model = gpt.Model(cfg)
 
   def grad_of(loss):
-    return jax.grad(lambda p: loss(model.apply({'params': p}, batch)))(params)
+    return jax.jit(jax.grad(lambda p: loss(model.apply({'params': p}, batch))))(params)
 
   r = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 32)), jnp.float32)
   through_lookup = grad_of(lambda out: (out['hidden_states'][0] * r).sum())
