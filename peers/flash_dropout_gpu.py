@@ -323,11 +323,13 @@ def settings(check_path: str, time_path: str) -> list[str]:
              if isinstance(f.get(f'{run} ms'), float)]
     return bool(times) and all(new < old for new, old in times)
   chosen = []
-  if right([n for n in checked if n.endswith(' exp2 ptx')]) and faster(
-      'triton self_attention exp2 ptx'):
+  ptx = right([n for n in checked if n.endswith(' exp2 ptx')]) and faster(
+      'triton self_attention exp2 ptx')
+  if ptx:
     chosen.append('--flash_dropout.EXP2_PTX=True')
-  if right([n for n in checked if 'whole queries' in n]) and faster(
-      'triton self_attention whole queries'):
+  # The one-kernel backward judged with the exponentials the steps will take.
+  if right([n for n in checked if 'whole queries' in n and n.endswith(' exp2 ptx') == ptx]
+           ) and faster('triton self_attention whole queries'):
     chosen.append('--flash_dropout.WHOLE_QUERIES=128')
   return chosen
 

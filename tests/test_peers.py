@@ -237,6 +237,7 @@ def test_the_gpu_session_takes_the_opt_in_changes_a_check_found_right_and_a_time
            'bert bfloat16 exp2 ptx': {errors: [0.01, 0.006, 0.0]},
            'bert bfloat16': {errors: [0.5, 0.5, 0.5]},  # the default's: not what is chosen
            'bert_128 whole queries bfloat16 exp2 ptx': {errors: [0.01, 0.0, 0.0]},
+           'bert_128 whole queries bfloat16': {errors: [0.01, 0.0, 0.0]},
            'mask read off the output': {'elements': 8, 'differing from keep_mask': 0}}
   base = 'triton self_attention'
   timed = {'bert': {f'{base} ms': 0.6, f'{base} exp2 ptx ms': 0.5,
@@ -254,6 +255,11 @@ def test_the_gpu_session_takes_the_opt_in_changes_a_check_found_right_and_a_time
   assert chosen(check, slower) == ['--flash_dropout.WHOLE_QUERIES=128']  # slower at one shape
   wrong = {**check, 'bert float32 exp2 ptx': {errors: [1e-3, 3e-3, 0.0]}}
   assert chosen(wrong, timed) == ['--flash_dropout.WHOLE_QUERIES=128']
+  # The one-kernel backward is judged with the exponentials the steps take: here jnp.exp2's.
+  whole_wrong = {**check, 'bert_128 whole queries bfloat16': {errors: [0.03, 0.0, 0.0]}}
+  assert chosen(whole_wrong, slower) == []
+  assert chosen(whole_wrong, timed) == ['--flash_dropout.EXP2_PTX=True',
+                                        '--flash_dropout.WHOLE_QUERIES=128']
   mask = {**check, 'mask read off the output': {'elements': 8, 'differing from keep_mask': 1}}
   assert chosen(mask, timed) == []
   assert flash_dropout_gpu.settings(str(tmp_path / 'none.txt'), str(tmp_path / 'time.txt')) == []
