@@ -365,6 +365,9 @@ def test_exact_resume_across_chunks_and_epochs():
     assert resumed.get_state() == states[k + 4]
 
 
+# Slow (16-18 s): tests/test_workers.py's fast tests take BERT's chunks through two workers and
+# resume them with another number of workers; this one runs 30 batches and moves the stream.
+@pytest.mark.slow
 def test_exact_resume_through_worker_processes():
   """Chunks made by 2 grain workers, run ahead of the batches: the same batches and states as
   in this process, and set_state moves a running stream back and forth."""
