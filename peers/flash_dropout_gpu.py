@@ -202,15 +202,15 @@ def timing(small: bool) -> dict:
   results = {}
   for name, shape in _shapes(small).items():
     figures, grads = {}, {}
-    whole, ptx = OWN[4:]
-    runs = [('triton', flash_dropout.attention, whole, ptx, False, False),
-            ('triton self_attention', None, whole, ptx, True, False),
-            ('xla', flash_dropout.reference, whole, ptx, False, False),
-            ('triton self_attention padded rows', None, whole, ptx, True, True)]
-    if not ptx:
-      runs.append(('triton self_attention exp2 ptx', None, whole, True, True, False))
-    if shape[1] <= 128 and not whole:
-      runs.append(('triton self_attention whole queries', None, 128, ptx, True, False))
+    own_whole, own_ptx = OWN[4:]
+    runs = [('triton', flash_dropout.attention, own_whole, own_ptx, False, False),
+            ('triton self_attention', None, own_whole, own_ptx, True, False),
+            ('xla', flash_dropout.reference, own_whole, own_ptx, False, False),
+            ('triton self_attention padded rows', None, own_whole, own_ptx, True, True)]
+    if not own_ptx:
+      runs.append(('triton self_attention exp2 ptx', None, own_whole, True, True, False))
+    if shape[1] <= 128 and not own_whole:
+      runs.append(('triton self_attention whole queries', None, 128, own_ptx, True, False))
     for kernel, attend, whole, ptx, fused, padded in runs:
       with configured(*OWN[:4], whole, ptx):
         step, args = _gradient_step(attend, *shape, fused=fused, padded=padded)
@@ -283,8 +283,9 @@ def profile(small: bool, calls: int = 5) -> dict:
           jax.block_until_ready(out)
         [trace] = glob.glob(os.path.join(directory, 'plugins', 'profile', '*',
                                          'perfetto_trace.json.gz'))
-        ops = bench.top_ops(trace, compiled.as_text(), calls, top=10)
-        total = bench.op_micros(trace, compiled.as_text())
+        hlo_text = compiled.as_text()
+        ops = bench.top_ops(trace, hlo_text, calls, top=10)
+        total = bench.op_micros(trace, hlo_text)
       figures = {'ops': [{'us': round(op['ms_per_step'] * 1000, 1), 'opcode': op['opcode'],
                           'jax_op': op['jax_op'].rsplit('/', 2)[-2:]} for op in ops],
                  'all ops us': round(sum(total.values()) / calls, 1)}
