@@ -61,6 +61,7 @@ def test_config_errors(tmp_path, overrides, expected):
   line = error_line(run_train(tmp_path, *overrides))
   assert expected in line, line
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+  assert not os.path.exists(tmp_path / 'data'), 'the data was built before the error'
 
 
 def test_missing_config_file(tmp_path):

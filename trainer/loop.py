@@ -93,10 +93,15 @@ def setup(config, workdir: str, mesh) -> Run:
   if config.get('init_from') and not checkpoints.exist(workdir):
     check_init_from(config)
   os.makedirs(workdir, exist_ok=True)
+  resuming = checkpoints.exist(workdir)
+  # The state's shapes and shardings, by tracing alone: a mesh that cannot split a parameter or a
+  # frozen name that matches none is named before the data and the vocabulary are built (seconds
+  # of them on the embedded corpus). A restored state needs nothing more: it is read into these
+  # (no init program, no second copy of the state on the devices while the checkpoint is read).
+  objective, schedule, state, train_step, eval_step = build(config, mesh, materialize=False)
 
   # The vocabulary: a resumed run keeps the one it started with, whatever the cache holds now,
   # and a run initialized from another one takes that run's vocabulary.
-  resuming = checkpoints.exist(workdir)
   saved_dir = workdir if resuming else config.get('init_from') or None
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size, saved_dir)
   if tokenizer.vocab_size > config.model.vocab_size:
@@ -106,11 +111,10 @@ def setup(config, workdir: str, mesh) -> Run:
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
 
-  # Model and state, restored with the data position when the workdir has a checkpoint. A
-  # restored state needs only the shapes and shardings to read into: nothing is initialized
-  # (no init program, no second copy of the state on the devices while the checkpoint is read).
-  objective, schedule, state, train_step, eval_step = build(config, mesh,
-                                                            materialize=not resuming)
+  # The state, restored with the data position when the workdir has a checkpoint, else
+  # initialized on its shards.
+  if not resuming:
+    objective, schedule, state, train_step, eval_step = build(config, mesh)
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   data, positions = None, 0
   if resuming:
