@@ -10,10 +10,11 @@
 #      with the opt-in changes that wait for this check; one layer's call timed; and the same call
 #      kernel by kernel (CUDA graphs off: inside one, the trace shows no kernel);
 # 4-7: our steps, with the opt-in changes that 1 found right and 2 faster (`settings`), and the
-#      torch.compile peers, one machine, one go; 8: the kernels at other tiles and warps (each
-#      variant's line as it comes); 9-10: XLA's attention at the same seed, for the loss curves'
-#      comparison; 11: the step's profile, its top kernels beside aot.py's estimate (CUDA graphs
-#      off, so this step's time is not the others'); 12: our kernel under scan_layers.
+#      torch.compile peers, one machine, one go; 8-9: XLA's attention at the same seed, for the
+#      loss curves' comparison (the check the issue asks for before the speed); 10: the step's
+#      profile, its top kernels beside aot.py's estimate (CUDA graphs off, so this step's time is
+#      not the others'); 11: the kernels at other tiles and warps (each variant's line as it
+#      comes: tuning, which a deadline may cut); 12: our kernel under scan_layers.
 set -u
 cd "$(dirname "$0")/.."
 [ -f .gpu/on_gpu.sh ] || { echo "no .gpu/: run bash ../shared/gpu/prepare.sh and carry .gpu"; exit 2; }
@@ -34,8 +35,8 @@ DEADLINE=${DEADLINE:-550} exec bash .gpu/on_gpu.sh \
   "$checked $CURVE $GPT --config.model.attention=triton $SETTINGS" \
   "python3 .gpu/peer_torch_bert_gpu.py 12 768 12 3072 256 128 20 0.1 compile" \
   "python3 peers/gpt_torch_gpu.py --batch_size=64 --mode=compile" \
-  "$checked python3 peers/flash_dropout_gpu.py variants" \
   "$CURVE $BERT --config.model.attention=xla" \
   "$CURVE $GPT --config.model.attention=xla" \
   "$checked XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 bench.py --config=configs/bert_base.py:base --config.train.batch_size=256 --input_seconds=0 --steps=10 --profile=/tmp/profile_bert" \
+  "$checked python3 peers/flash_dropout_gpu.py variants" \
   "$checked $CURVE configs/bert_base.py:base 100 --config.train.batch_size=256 --config.model.attention=triton --config.model.scan_layers=True $SETTINGS"
