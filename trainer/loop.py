@@ -94,10 +94,9 @@ def setup(config, workdir: str, mesh) -> Run:
     check_init_from(config)
   os.makedirs(workdir, exist_ok=True)
   resuming = checkpoints.exist(workdir)
-  # The state's shapes and shardings, by tracing alone: a mesh that cannot split a parameter or a
-  # frozen name that matches none is named before the data and the vocabulary are built (seconds
-  # of them on the embedded corpus). A restored state needs nothing more: it is read into these
-  # (no init program, no second copy of the state on the devices while the checkpoint is read).
+  # The state's shapes and shardings by tracing alone, so that a mesh that cannot split a
+  # parameter is named before the vocabulary and the data are built. A restored state is read
+  # into these (no init program, no second copy of the state on the devices meanwhile).
   objective, schedule, state, train_step, eval_step = build(config, mesh, materialize=False)
 
   # The vocabulary: a resumed run keeps the one it started with, whatever the cache holds now,
@@ -111,8 +110,7 @@ def setup(config, workdir: str, mesh) -> Run:
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
 
-  # The state, restored with the data position when the workdir has a checkpoint, else
-  # initialized on its shards.
+  # The state: restored with the data position below, or initialized on its shards.
   if not resuming:
     objective, schedule, state, train_step, eval_step = build(config, mesh)
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
