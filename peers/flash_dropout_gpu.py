@@ -45,6 +45,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -267,7 +268,7 @@ def variants(small: bool) -> dict:
 def profile(small: bool, calls: int = 5) -> dict:
   """The self-attention's call of `timing` traced `calls` times, at OWN and at CANDIDATE: each
   HLO op's microseconds a call, the largest first, with its JAX op (bench.py's reading of the
-  trace), and their sum."""
+  trace), each kernel's (the ops under flash_dropout_forward, ..._backward_*) and their sum."""
   import bench  # pylint: disable=g-import-not-at-top (the project's imports; the trace's reader)
   results = {}
   for shape, sizes in _shapes(small).items():
@@ -286,8 +287,13 @@ def profile(small: bool, calls: int = 5) -> dict:
         hlo_text = compiled.as_text()
         ops = bench.top_ops(trace, hlo_text, calls, top=10)
         total = bench.op_micros(trace, hlo_text)
+        kernels = {}  # each kernel's ops, whichever of them make the ten largest
+        for group in bench.ops_by_jax_op(trace, hlo_text, calls, top=None):
+          for kernel in re.findall(r'flash_dropout_\w+', group['jax_op'])[-1:]:
+            kernels[kernel] = kernels.get(kernel, 0.0) + group['ms_per_step'] * 1000
       figures = {'ops': [{'us': round(op['ms_per_step'] * 1000, 1), 'opcode': op['opcode'],
                           'jax_op': op['jax_op'].rsplit('/', 2)[-2:]} for op in ops],
+                 'kernels us': {k: round(us, 1) for k, us in sorted(kernels.items())},
                  'all ops us': round(sum(total.values()) / calls, 1)}
       results[f'{shape}, {name}'] = figures
       print(json.dumps({f'{shape}, {name}': figures}), flush=True)  # a deadline keeps the rest
