@@ -34,8 +34,8 @@ as the --flash_dropout.NAME=VALUE arguments of peers/attention_dropout_gpu.py's 
 
 profile: where the time of `time`'s self_attention call goes, kernel by kernel: a trace of a
 few calls (jax.profiler), each HLO op's microseconds a call (the forward and backward kernels,
-and XLA's own around them) and each kernel's in all, for the default and CANDIDATE. CUDA graphs off (the XLA_FLAGS
-above): inside one, the trace shows no kernel.
+and XLA's own around them) and each kernel's in all, for the default and CANDIDATE. CUDA graphs
+off (the XLA_FLAGS above): inside one, the trace shows no kernel.
 
 --small runs tiny shapes, so that the script can be tried on a CPU (interpret mode).
 """
