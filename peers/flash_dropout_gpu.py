@@ -285,14 +285,14 @@ def profile(small: bool, calls: int = 5) -> dict:
         [trace] = glob.glob(os.path.join(directory, 'plugins', 'profile', '*',
                                          'perfetto_trace.json.gz'))
         hlo_text = compiled.as_text()
-        ops = bench.top_ops(trace, hlo_text, calls, top=10)
+        every_op = bench.top_ops(trace, hlo_text, calls, top=None)  # the largest first
         total = bench.op_micros(trace, hlo_text)
-        kernels = {}  # each kernel's ops, whichever of them make the ten largest
-        for group in bench.ops_by_jax_op(trace, hlo_text, calls, top=None):
-          for kernel in re.findall(r'flash_dropout_\w+', group['jax_op'])[-1:]:
-            kernels[kernel] = kernels.get(kernel, 0.0) + group['ms_per_step'] * 1000
+      kernels = {}  # each kernel's ops, whichever of them make the ten largest
+      for op in every_op:
+        for kernel in re.findall(r'flash_dropout_\w+', op['jax_op'])[-1:]:
+          kernels[kernel] = kernels.get(kernel, 0.0) + op['ms_per_step'] * 1000
       figures = {'ops': [{'us': round(op['ms_per_step'] * 1000, 1), 'opcode': op['opcode'],
-                          'jax_op': op['jax_op'].rsplit('/', 2)[-2:]} for op in ops],
+                          'jax_op': op['jax_op'].rsplit('/', 2)[-2:]} for op in every_op[:10]],
                  'kernels us': {k: round(us, 1) for k, us in sorted(kernels.items())},
                  'all ops us': round(sum(total.values()) / calls, 1)}
       results[f'{shape}, {name}'] = figures
