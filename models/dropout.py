@@ -1,60 +1,119 @@
-"""Dropout (Srivastava et al. 2014) on 16 random bits per element, for every model.
+"""Dropout (Srivastava et al. 2014) on 16 bits of a counted hash per element, for every model.
 
-flax.linen.Dropout draws a float32 uniform per element from 32 threefry bits;
-on a CPU those bits cost more than the rest of a BERT step's elementwise work.
-Here one 32-bit draw gives two elements their 16-bit draws, which halves the
-random bits and skips the float conversion. The rate is the nearest multiple
-of 2^-16 (0.1 -> 0.1000061) and the kept values are scaled by one over the
-exact keep probability, so every element's expectation is unchanged.
+flax.linen.Dropout draws a float32 uniform per element from 32 threefry bits: twenty rounds of
+adds, rotations and xors for each 32-bit word, about 130 PTX instructions a word in the kernel
+XLA compiles for an H100. That arithmetic, not the memory the mask takes, bounds a dropout. Here
+the mask is counted from the element's position instead, as models/flash_dropout.py's kernels
+count the attention probabilities' inside the kernel, so the two give the same mask for the same
+RNG. On a 2-core CPU a dropout of BERT's (32, 128, 768) activations takes 2 ms where threefry's
+16 bits an element took 29 (docs/benchmarks.md).
 
-The bits are drawn with the input's leading axes, so a batch-sharded input
-draws its bits on its own shard.
+For an array (..., rows, columns), `draw_keys` draws one 32-bit key per leading index (B for
+activations (B, L, D); (B, H) for attention probabilities (B, H, L, S)) from the RNG with
+threefry. Row r has the word mix(key ^ mix(r)), the pair of columns (2c, 2c + 1) the word
+mix(c ^ COLUMN_SALT), a constant of the program, and their pair's draw is mix(row ^ column),
+`mix` MurmurHash3's 32-bit finalizer: a bijection whose output bits each depend on every input
+bit. The draw's low 16 bits decide column 2c, its high 16 bits column 2c + 1; an element is
+dropped where its 16 bits fall below rate * 2^16. So the rate is the nearest multiple of 2^-16
+(0.1 -> 0.1000061), and kept values are scaled by one over the exact keep probability: every
+element's expectation is unchanged. tests/test_dropout.py checks the draws against independent
+ones (rates, their spread, neighbours, and the parity of a rectangle's corners, which a hash
+linear in xor fails).
+
+The keys are drawn with the leading axes and the rows and columns counted from their positions,
+so a batch-sharded input draws its mask on its own shard, the same mask as unsharded; and the
+masks come from the step's RNG, so a resumed run draws what the uninterrupted run would.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
 _LEVELS = 1 << 16
+COLUMN_SALT = 0x9E3779B9  # keeps the word of column pair c apart from row c's
 
 
-def keep_mask(rng: Array, rate: float, shape: tuple[int, ...],
-              pairs: str = 'adjacent') -> tuple[Array, float]:
-  """(boolean mask of the kept elements, the scale of kept values 1 / P(keep)).
+def shift_in(x: Array) -> Array:
+  """`mix`'s first step, x ^ (x >> 16). It distributes over xor, so the rows' and the columns'
+  words (`row_words`, `column_words`) take it once a word, and a pair's draw, `mix_on` of their
+  xor, is `mix` of the plain words' xor at two instructions less."""
+  return x ^ (x >> 16)
 
-  Word i of the 32-bit draws gives its low 16 bits to one element of the last axis and its
-  high 16 bits to another: elements 2i and 2i + 1 (`pairs='adjacent'`), or i and i + n/2 of
-  the last axis' n (rounded up; 'halves'). The two are the same distribution; they differ in
-  what XLA's GPU compiler fuses (aot.py --topology=h100:1, docs/benchmarks.md): activations
-  (B, L, D) take 'adjacent', whose comparison fuses into the kernel that draws the bits (a
-  1-byte mask is written instead of the 2 bytes of bits); attention probabilities (B, H, L, S)
-  take 'halves', with which the draw fuses into the softmax's kernels (GPT-1's step at 64 x 512:
-  87.9 ms against 105.7 with 'adjacent').
-  """
+
+def mix_on(x: Array) -> Array:
+  """The rest of `mix` after `shift_in`: two multiplies around an xorshift, a last xorshift."""
+  uint32 = np.uint32 if isinstance(x, np.ndarray) else jnp.uint32
+  x = x * uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def mix(x: Array) -> Array:
+  """A bijection of uint32 words in which every output bit depends on every input bit
+  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift). `x` is a jax
+  array, or a numpy one (column_words)."""
+  return mix_on(shift_in(x))
+
+
+def draw_keys(rng: Array, lead: tuple[int, ...]) -> Array:
+  """The uint32 keys of one call's masks, one per leading index, drawn from `rng`."""
+  return jax.random.bits(rng, lead, jnp.uint32)
+
+
+def row_words(keys: Array, rows: Array) -> Array:
+  """The words of rows `rows` (a vector) under each key (`keys` broadcast against `rows`),
+  mix(key ^ mix(r)), through `shift_in`."""
+  return shift_in(mix(keys ^ mix(rows.astype(jnp.uint32))))
+
+
+def column_words(columns: int) -> np.ndarray:
+  """The words of the columns' pairs (2c, 2c + 1), mix(c ^ COLUMN_SALT) through `shift_in`,
+  ceil(columns / 2) of them, the same for every call: a constant of the compiled program (numpy's,
+  so no device holds it while tracing)."""
+  return shift_in(mix(np.arange((columns + 1) // 2, dtype=np.uint32) ^ np.uint32(COLUMN_SALT)))
+
+
+def keep_pairs(rows: Array, pairs: Array, dropped: int) -> Array:
+  """The kept elements (..., R, 2 P) of row words (..., R) and pair words (P,), the element
+  dropped where its 16 bits fall below `dropped` (at most 2^16 - 1): `keep_mask`'s mask with one
+  `mix` for each pair of elements, as the kernels compute a tile's. Each pair's draw, mix(row ^
+  column) of the plain words, gives its low 16 bits to column 2c and its high 16 bits to column
+  2c + 1."""
+  draws = mix_on(rows[..., :, None] ^ pairs)
+  low = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
+  high = draws >= jnp.uint32(dropped << 16)  # (draws >> 16) >= dropped
+  both = jnp.stack([low, high], axis=-1)
+  return both.reshape(*both.shape[:-2], 2 * both.shape[-2])
+
+
+def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
+  """(boolean mask of the kept elements, the scale of kept values 1 / P(keep))."""
   dropped = round(rate * _LEVELS)  # an element is dropped when its 16 bits are below this
   if dropped >= _LEVELS:
     return jnp.zeros(shape, jnp.bool_), 0.0
   if not dropped:
     return jnp.ones(shape, jnp.bool_), 1.0
-  shape = tuple(shape) or (1,)
-  *lead, last = shape
-  bits = jax.random.bits(rng, (*lead, (last + 1) // 2), jnp.uint32)
-  low, high = bits & 0xFFFF, bits >> 16
-  if pairs == 'halves':
-    keep = jnp.concatenate([low, high], axis=-1) >= dropped
-  elif pairs == 'adjacent':
-    keep = (jnp.stack([low, high], axis=-1) >= dropped).reshape(*lead, -1)
-  else:
-    raise ValueError(f"pairs={pairs!r}: use 'adjacent' or 'halves'.")
-  return keep[..., :last], _LEVELS / (_LEVELS - dropped)
+  *lead, rows, columns = (1, 1, *shape)[-max(len(shape), 2):]  # a vector (or scalar): one row
+  words = row_words(draw_keys(rng, tuple(lead))[..., None], jnp.arange(rows, dtype=jnp.uint32))
+  # keep_pairs' mask, element by element: column j takes its pair's word and the half j % 2
+  # picks. One elementwise expression, which XLA fuses into the kernels around it; with
+  # keep_pairs' stacked halves XLA wrote GPT-1's attention mask to memory (aot.py's H100
+  # estimate of its step with XLA's attention: 97.4 ms against 81.6).
+  pair_of_column = np.repeat(column_words(columns), 2)[:columns]
+  shift = np.resize(np.uint32([0, 16]), columns)
+  draws = mix_on(words[..., None] ^ pair_of_column) >> shift
+  keep = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
+  return keep.reshape(shape), _LEVELS / (_LEVELS - dropped)
 
 
-def dropout(x: Array, rate: float, rng: Array, pairs: str = 'adjacent') -> Array:
+def dropout(x: Array, rate: float, rng: Array) -> Array:
   """x with each element zeroed with probability `rate`, the others scaled to keep the mean."""
-  keep, scale = keep_mask(rng, rate, x.shape, pairs)
-  return jnp.where(keep.reshape(x.shape), x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype))
+  keep, scale = keep_mask(rng, rate, x.shape)
+  return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype))
 
 
 class Dropout(nn.Module):

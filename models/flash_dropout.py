@@ -1,12 +1,13 @@
 """Flash attention with dropout on the attention probabilities inside the kernel (Pallas), for
 NVIDIA GPUs: BERT's and GPT's attention_probs_dropout_prob without XLA's unfused attention.
 
-The mask is counted, not stored. Query i of (b, h) has the word row = mix(key[b, h] ^ mix(i)),
-with the keys (B, H) drawn from the layer's 'dropout' RNG; the pair of key positions (2c, 2c + 1)
-has the word column = mix(c ^ COLUMN_SALT); and mix(row ^ column), `mix` a bijection of 32-bit
-words in which every output bit depends on every input bit, gives element (b, h, i, 2c) its low
-16 bits and (b, h, i, 2c + 1) its high 16 bits. An element is dropped where its 16 bits fall
-below rate * 2^16, as models/dropout.py draws XLA's path's masks. A tile's row words are a
+The mask is counted, not stored: models/dropout.py's mask of the (B, H, L, S) probabilities, the
+one XLA's attention applies for the same RNG. Query i of (b, h) has the word row = mix(key[b, h] ^
+mix(i)), with the keys (B, H) drawn from the layer's 'dropout' RNG; the pair of key positions
+(2c, 2c + 1) has the word column = mix(c ^ COLUMN_SALT); and mix(row ^ column), `mix` a bijection
+of 32-bit words in which every output bit depends on every input bit, gives element (b, h, i, 2c)
+its low 16 bits and (b, h, i, 2c + 1) its high 16 bits. An element is dropped where its 16 bits
+fall below rate * 2^16. A tile's row words are a
 vector, the column words a constant of the program, so two elements cost one xor and one `mix`:
 a quarter of what a `mix` of a per-element counter and another of the key cost an element,
 which was the largest part of the kernels' per-element work (peers/flash_dropout_ptx.py counts
@@ -32,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 import numpy as np
+
+from models import dropout
 
 try:  # the Triton backend's parameters: a jax that moved them compiles with Pallas' defaults
   from jax.experimental.pallas import triton as pl_triton
@@ -75,30 +78,6 @@ def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Ar
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _shift_in(x: Array) -> Array:
-  """`_mix`'s first step, x ^ (x >> 16). It distributes over xor, so that the rows' and the
-  columns' words (`_row_words`, `column_words`) take it once a word and an element's draw,
-  `_mix_on` of their xor, is `_mix` of the plain words' xor at two instructions less."""
-  return x ^ (x >> 16)
-
-
-def _mix_on(x: Array) -> Array:
-  """The rest of `_mix` after `_shift_in`: two multiplies around an xorshift, a last
-  xorshift."""
-  uint32 = np.uint32 if isinstance(x, np.ndarray) else jnp.uint32
-  x = x * uint32(0x85EBCA6B)
-  x = x ^ (x >> 13)
-  x = x * uint32(0xC2B2AE35)
-  return x ^ (x >> 16)
-
-
-def _mix(x: Array) -> Array:
-  """A bijection of uint32 words in which every output bit depends on every input bit
-  (MurmurHash3's finalizer: two xorshift-multiply rounds and a last xorshift). `x` is a jax
-  array, or a numpy one (column_words)."""
-  return _mix_on(_shift_in(x))
-
-
 def _threshold(rate: float) -> int:
   """Elements whose 16 bits fall below this are dropped: the rate to within 2^-16, as
   models/dropout.py's (0.1 -> 0.1000061)."""
@@ -110,46 +89,21 @@ def keep_scale(rate: float) -> float:
   return 2.0 ** 16 / (2.0 ** 16 - _threshold(rate))
 
 
-COLUMN_SALT = 0x9E3779B9  # keeps the word of column pair c apart from row c's
-
-
-def _row_words(key: Array, rows: Array) -> Array:
-  """The words of query positions `rows` (a vector) of the (b, h) whose key is `key`,
-  mix(key ^ mix(i)), through `_shift_in`."""
-  return _shift_in(_mix(key ^ _mix(rows.astype(jnp.uint32))))
-
-
-def column_words(num_keys: int) -> np.ndarray:
-  """The words of the key positions' pairs (2c, 2c + 1), mix(c ^ COLUMN_SALT) through
-  `_shift_in`, ceil(S / 2) of them, the same for every call: a constant of the compiled program
-  (numpy's, so no device holds it while tracing), which the kernels read as they read the
-  segment ids."""
-  return _shift_in(_mix(np.arange((num_keys + 1) // 2, dtype=np.uint32)
-                        ^ np.uint32(COLUMN_SALT)))
-
-
 def _keep(row_words: Array, pair_words: Array, rate: float) -> Array:
   """The kept elements (..., rows, 2 x pairs) of row words (..., rows) and the words of pairs of
-  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S). Each element pair's draw,
-  mix(row ^ column) of the plain words, gives its low 16 bits to column 2c and its high 16 bits
-  to column 2c + 1."""
-  draws = _mix_on(row_words[..., :, None] ^ pair_words)
-  dropped = _threshold(rate)
-  low = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
-  high = draws >= jnp.uint32(dropped << 16)  # (draws >> 16) >= dropped
-  pairs = jnp.stack([low, high], axis=-1)
-  return pairs.reshape(*pairs.shape[:-2], 2 * pairs.shape[-2])
+  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S) (dropout.keep_pairs)."""
+  return dropout.keep_pairs(row_words, pair_words, _threshold(rate))
 
 
 def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
-  """The (B, H) uint32 keys of one call's masks, drawn from `rng`."""
-  return jax.random.bits(rng, (batch, heads), jnp.uint32)
+  """The (B, H) uint32 keys of one call's masks, drawn from `rng` (dropout.draw_keys)."""
+  return dropout.draw_keys(rng, (batch, heads))
 
 
 def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
   """The boolean (B, H, L, S) mask the kernels apply for these keys."""
-  rows_BHL = _row_words(keys_BH[:, :, None], jnp.arange(length, dtype=jnp.int32))
-  return _keep(rows_BHL, column_words(num_keys), rate)[..., :num_keys]
+  rows_BHL = dropout.row_words(keys_BH[:, :, None], jnp.arange(length, dtype=jnp.int32))
+  return _keep(rows_BHL, dropout.column_words(num_keys), rate)[..., :num_keys]
 
 
 def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
@@ -333,7 +287,7 @@ def _forward_kernel(*refs, rate: float, causal: bool, block_k: int, fused: bool,
   S = k_ref.shape[0]
   rows = q_block * block_q + jnp.arange(block_q, dtype=jnp.int32)
   q_ids = q_ids_ref[...]
-  row_words = _row_words(key_ref[...], rows) if rate else None
+  row_words = dropout.row_words(key_ref[...], rows) if rate else None
   to_log2 = _scale_log2(q.shape[1])
 
   def visit(t, carry):  # `top`: the rows' largest logit so far
@@ -399,7 +353,7 @@ def _key_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> tuple[Ar
     span = pl.ds(i * block_q, block_q)
     rows = i * block_q + jnp.arange(block_q, dtype=jnp.int32)
     q = q_ref[span, :]
-    words = (_row_words(key, rows), pair_words) if rate else None
+    words = (dropout.row_words(key, rows), pair_words) if rate else None
     visible = _Visible(whole_ref[i, t], q_ids_ref[span], kv_ids, rows, cols, causal)
     dscores, dv_part = _tile_grads(q, k, v, dout_ref[span, :], visible, lse_ref[span],
                                    delta_ref[span] * (1 / scale), words, rate, ptx)
@@ -422,7 +376,7 @@ def _all_grads(refs, dq_ref, dk_ref, dv_ref, rate: float, causal: bool, ptx: boo
   block_k = BACKWARD_BLOCKS[1]
   rows = jnp.arange(L, dtype=jnp.int32)
   q, dout, q_ids = q_ref[...], dout_ref[...], q_ids_ref[...]
-  row_words = _row_words(key_ref[...], rows) if rate else None
+  row_words = dropout.row_words(key_ref[...], rows) if rate else None
   scale = keep_scale(rate) if rate else 1.0
   lse, delta = lse_ref[...], delta_ref[...] * (1 / scale)
 
@@ -453,7 +407,7 @@ def _query_grads(t: Array, refs, rate: float, causal: bool, ptx: bool) -> Array:
   span_q = pl.ds(t * block_q, block_q)
   rows = t * block_q + jnp.arange(block_q, dtype=jnp.int32)
   q, dout, q_ids = q_ref[span_q, :], dout_ref[span_q, :], q_ids_ref[span_q]
-  row_words = _row_words(key_ref[...], rows) if rate else None
+  row_words = dropout.row_words(key_ref[...], rows) if rate else None
   scale = keep_scale(rate) if rate else 1.0
   lse, delta = lse_ref[span_q], delta_ref[span_q] * (1 / scale)
 
@@ -578,8 +532,8 @@ def _forward(q, k, v, q_ids, kv_ids, keys, rate, causal, fused=False):
   kernel = functools.partial(_forward_kernel, rate=rate, causal=causal, block_k=block_k,
                              fused=fused)
   return _call(kernel, 'flash_dropout_forward', (B, H, L // block_q), in_specs, out_specs,
-               out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(keys, q_ids, kv_ids,
-                                                                      column_words(S), *arrays)
+               out_shape, _flops(B, H, L, S, K, 2, causal, block_q))(
+                   keys, q_ids, kv_ids, dropout.column_words(S), *arrays)
 
 
 def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=False):
@@ -592,7 +546,7 @@ def _backward(q, k, v, q_ids, kv_ids, keys, out, lse, dout, rate, causal, fused=
   whole_BQT = _whole_tiles(q_ids, kv_ids, L if whole_queries(L) else block_q, block_k, causal)
   in_specs, arrays = _operands(q, k, v, whole_BQT, L, False, fused)
   in_specs += [_part(dout, L, False), rows, rows]
-  args = (keys, q_ids, kv_ids, column_words(S), *arrays, dout, lse, delta)
+  args = (keys, q_ids, kv_ids, dropout.column_words(S), *arrays, dout, lse, delta)
 
   def call(grads: str, tiles: int):
     whole = grads == 'all'

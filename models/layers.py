@@ -537,8 +537,7 @@ class MultiHeadAttention(nn.Module):
     logits_BHLS = logits_BHLS / jnp.sqrt(q_BLHK.shape[-1]).astype(jnp.float32)
     logits_BHLS = jnp.where(mask_B11S, logits_BHLS, NEG_INF)
     probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
-    probs_BHLS = dropout(probs_BHLS, self.dropout_rate, self.make_rng('dropout'),
-                         pairs='halves')
+    probs_BHLS = dropout(probs_BHLS, self.dropout_rate, self.make_rng('dropout'))
     return jnp.einsum('BHLS,BSHK->BLHK', probs_BHLS.astype(self.dtype), v_BSHK)
 
 

@@ -11,10 +11,11 @@
 #      kernel by kernel (CUDA graphs off: inside one, the trace shows no kernel);
 # 4-7: our steps, with the opt-in changes that 1 found right and 2 faster (`settings`), and the
 #      torch.compile peers, one machine, one go; 8-9: XLA's attention at the same seed, for the
-#      loss curves' comparison (the check the issue asks for before the speed); 10: the step's
-#      profile, its top kernels beside aot.py's estimate (CUDA graphs off, so this step's time is
-#      not the others'); 11: the kernels at other tiles and warps (each variant's line as it
-#      comes: tuning, which a deadline may cut); 12: our kernel under scan_layers.
+#      loss curves' comparison (the check the issue asks for before the speed; with the counted
+#      dropout masks the two paths drop the same elements: only rounding parts them); 10: the
+#      step's profile, its top kernels beside aot.py's estimate (CUDA graphs off, so this step's
+#      time is not the others'); 11: the kernels at other tiles and warps (each variant's line as
+#      it comes: tuning, which a deadline may cut); 12: our kernel under scan_layers.
 set -u
 cd "$(dirname "$0")/.."
 [ -f .gpu/on_gpu.sh ] || { echo "no .gpu/: run bash ../shared/gpu/prepare.sh and carry .gpu"; exit 2; }

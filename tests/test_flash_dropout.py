@@ -1,7 +1,8 @@
 """Flash attention with the dropout in the kernel (models/flash_dropout.py), in Pallas' interpret
 mode on this CPU: the kernels' outputs and gradients against the same function in XLA ops with
-the same counted mask, the masks' statistics, and the models' use of it (a mask per layer, per
-step and per shard, drawn from the step's RNG)."""
+the same counted mask (models/dropout.py's: tests/test_dropout.py checks its definition and
+statistics), and the models' use of it (a mask per layer, per step and per shard, drawn from the
+step's RNG)."""
 
 import dataclasses
 import functools
@@ -236,69 +237,6 @@ def test_the_output_shows_the_mask_of_keep_mask():
                              kept * flash_dropout.keep_scale(0.5) / L, rtol=1e-6)
 
 
-def _fmix32(x: np.ndarray) -> np.ndarray:
-  """MurmurHash3's 32-bit finalizer, written here from its definition."""
-  x = x ^ (x >> np.uint32(16))
-  x = x * np.uint32(0x85EBCA6B)
-  x = x ^ (x >> np.uint32(13))
-  x = x * np.uint32(0xC2B2AE35)
-  return x ^ (x >> np.uint32(16))
-
-
-def test_keep_mask_is_the_documented_hash():
-  """The mask as flash_dropout's docstring and docs/accelerators.md define it, computed here in
-  numpy: query i of (b, h) has the word mix(key ^ mix(i)), key pair c the word mix(c ^
-  0x9E3779B9), and mix(row ^ column) gives keys 2c and 2c + 1 its low and high 16 bits, kept
-  where they reach rate * 2^16. The kernels' arithmetic may be arranged otherwise (the tests
-  above hold them to keep_mask), not the mask."""
-  B, H, L, S, rate = 2, 3, 16, 10, 0.3
-  keys = flash_dropout.dropout_keys(jax.random.key(7), B, H)
-  with np.errstate(over='ignore'):
-    rows = _fmix32(np.asarray(keys)[:, :, None] ^ _fmix32(np.arange(L, dtype=np.uint32)))
-    columns = _fmix32(np.arange(S // 2, dtype=np.uint32) ^ np.uint32(0x9E3779B9))
-    draws = _fmix32(rows[..., None] ^ columns)  # (B, H, L, S / 2)
-  halves = np.stack([draws & np.uint32(0xFFFF), draws >> np.uint32(16)], axis=-1)
-  expected = (halves >= round(rate * 2 ** 16)).reshape(B, H, L, S)
-  np.testing.assert_array_equal(np.asarray(flash_dropout.keep_mask(keys, L, S, rate)), expected)
-
-
-def test_masks_are_independent_draws_at_the_rate():
-  """16 draws of (4 x 4) x 128 x 128: each draw's rate within the binomial spread, the draws'
-  spread that of independent elements (cuDNN's was twice it on an H200: docs/accelerators.md),
-  and neighbours along every axis, the two halves of a draw, two draws, and the corners of a
-  rectangle, agreeing as independent elements would."""
-  rate, shape = 0.1, (4, 4, 128, 128)
-  draws = np.stack([np.asarray(flash_dropout.keep_mask(
-      flash_dropout.dropout_keys(jax.random.key(seed), *shape[:2]), *shape[2:], rate))
-      for seed in range(16)])
-  n = np.prod(shape)
-  binomial_sd = np.sqrt(rate * (1 - rate) / n)
-  dropped = 1 - draws.reshape(16, -1).mean(axis=1)
-  assert np.abs(dropped - rate).max() < 4.5 * binomial_sd
-  assert 0.5 * binomial_sd < dropped.std(ddof=1) < 1.5 * binomial_sd
-  independent = (1 - rate) ** 2 + rate ** 2  # P(two independent elements agree)
-  sd = np.sqrt(independent * (1 - independent) / (16 * n))
-  for axis in (1, 2, 3, 4):  # batch, heads, queries, keys
-    first = np.take(draws, range(draws.shape[axis] - 1), axis=axis)
-    second = np.take(draws, range(1, draws.shape[axis]), axis=axis)
-    assert abs((first == second).mean() - independent) < 5 * sd * 2, axis
-  assert abs((draws[:-1] == draws[1:]).mean() - independent) < 5 * sd * 2  # two steps
-  # Keys 2c and 2c + 1 take the low and the high 16 bits of one draw: they must agree as often
-  # as independent elements (the neighbours above mix these pairs with others).
-  pair_sd = np.sqrt(independent * (1 - independent) / (draws.size / 2))
-  assert abs((draws[..., 0::2] == draws[..., 1::2]).mean() - independent) < 5 * pair_sd
-  # An element's word is a row's word xor a column pair's: the four of a rectangle xor to zero.
-  # Its four draws must still be independent: an odd number dropped as often as independent
-  # elements at the draws' rate would have it (a mix that kept xor's structure gives none).
-  p = 1 - draws.mean()
-  odd = (1 - (1 - 2 * p) ** 4) / 2
-  dropped = ~draws.astype(bool)
-  for rows, cols in ((1, 1), (101, 3)):
-    corners = (dropped[..., :-rows, :-cols] ^ dropped[..., rows:, :-cols]
-               ^ dropped[..., :-rows, cols:] ^ dropped[..., rows:, cols:])
-    assert abs(corners.mean() - odd) < 5 * np.sqrt(odd * (1 - odd) / corners.size), (rows, cols)
-
-
 @pytest.mark.parametrize('name', ['gpt_rows', 'gpt_rows_scanned',
                                   pytest.param('bert_padded', marks=pytest.mark.slow)])
 def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypatch):
@@ -336,10 +274,17 @@ def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypa
   monkeypatch.setattr(flash_dropout, 'tiles', lambda *_: False)  # XLA ops, same masks
   expected = training(jax.random.key(1))
   (got_loss, got_grads), (expected_loss, expected_grads) = got, expected
-  np.testing.assert_allclose(got_loss, expected_loss, rtol=1e-6)
+  # XLA's attention (model.attention=xla, models/dropout.py's mask of the probabilities) drops
+  # what the kernels drop for the same RNG: the same loss and gradients again.
+  xla = model_module.Model(dataclasses.replace(model.config, attention='xla'))
+  xla_loss, xla_grads = jax.jit(jax.value_and_grad(lambda params: objective.loss_fn(xla.apply(
+      {'params': params}, batch, deterministic=False, rngs={'dropout': jax.random.key(1)}),
+      batch)[0]))(params)
   scale = max(np.abs(e).max() for e in jax.tree.leaves(expected_grads))
-  for g, e in zip(jax.tree.leaves(got_grads), jax.tree.leaves(expected_grads)):
-    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale)
+  for loss, grads in ((got_loss, got_grads), (xla_loss, xla_grads)):
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+    for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+      np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale)
   if name.endswith('scanned'):
     return  # the scan draws the layers' keys in one traced body (flax splits its RNG per layer)
   with jax.disable_jit():  # the keys themselves
