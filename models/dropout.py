@@ -98,16 +98,22 @@ def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, f
   if not dropped:
     return jnp.ones(shape, jnp.bool_), 1.0
   *lead, rows, columns = (1, 1, *shape)[-max(len(shape), 2):]  # a vector (or scalar): one row
-  words = row_words(draw_keys(rng, tuple(lead))[..., None], jnp.arange(rows, dtype=jnp.uint32))
-  # keep_pairs' mask, element by element: column j takes its pair's word and the half j % 2
-  # picks. One elementwise expression, which XLA fuses into the kernels around it; with
-  # keep_pairs' stacked halves XLA wrote GPT-1's attention mask to memory (aot.py's H100
-  # estimate of its step with XLA's attention: 97.4 ms against 81.6).
+  keep = keep_for_keys(draw_keys(rng, tuple(lead)), rows, columns, dropped)
+  return keep.reshape(shape), _LEVELS / (_LEVELS - dropped)
+
+
+def keep_for_keys(keys: Array, rows: int, columns: int, dropped: int) -> Array:
+  """The kept elements (*keys.shape, rows, columns) under these keys, an element dropped where
+  its 16 bits fall below `dropped` (at most 2^16 - 1): `keep_pairs`' mask element by element,
+  column j taking its pair's word and the half j % 2 picks. One elementwise expression, which
+  XLA fuses into the kernels around it; with keep_pairs' stacked halves XLA wrote GPT-1's
+  attention mask to memory (aot.py's H100 estimate of its step with XLA's attention: 97.4 ms
+  against 81.6)."""
+  words = row_words(keys[..., None], jnp.arange(rows, dtype=jnp.uint32))
   pair_of_column = np.repeat(column_words(columns), 2)[:columns]
   shift = np.resize(np.uint32([0, 16]), columns)
   draws = mix_on(words[..., None] ^ pair_of_column) >> shift
-  keep = (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
-  return keep.reshape(shape), _LEVELS / (_LEVELS - dropped)
+  return (draws & jnp.uint32(0xFFFF)) >= jnp.uint32(dropped)
 
 
 def dropout(x: Array, rate: float, rng: Array) -> Array:

@@ -90,8 +90,8 @@ def keep_scale(rate: float) -> float:
 
 
 def _keep(row_words: Array, pair_words: Array, rate: float) -> Array:
-  """The kept elements (..., rows, 2 x pairs) of row words (..., rows) and the words of pairs of
-  columns (pairs,): a tile's, or keep_mask's whole (B, H, L, S) (dropout.keep_pairs)."""
+  """A tile's kept elements (rows, 2 x pairs) of its row words (rows,) and the words of its pairs
+  of columns (pairs,): keep_mask's, one `mix` a pair (dropout.keep_pairs)."""
   return dropout.keep_pairs(row_words, pair_words, _threshold(rate))
 
 
@@ -101,9 +101,8 @@ def dropout_keys(rng: Array, batch: int, heads: int) -> Array:
 
 
 def keep_mask(keys_BH: Array, length: int, num_keys: int, rate: float) -> Array:
-  """The boolean (B, H, L, S) mask the kernels apply for these keys."""
-  rows_BHL = dropout.row_words(keys_BH[:, :, None], jnp.arange(length, dtype=jnp.int32))
-  return _keep(rows_BHL, dropout.column_words(num_keys), rate)[..., :num_keys]
+  """The boolean (B, H, L, S) mask the kernels apply for these keys (models/dropout.py's)."""
+  return dropout.keep_for_keys(keys_BH, length, num_keys, _threshold(rate))
 
 
 def visible(q_ids_BL: Array, kv_ids_BS: Array, causal: bool) -> Array:
