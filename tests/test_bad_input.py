@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import forked  # tests/
 from configs import bert_finetune as bert_finetune_config
 from configs import elmo as elmo_config
 from configs import gpt as gpt_config
@@ -26,7 +27,7 @@ def run_train(tmp_path, *overrides, devices=4, config='configs/bert_base.py:tiny
   args = [sys.executable, 'train.py', f'--config={config}',
           f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={tmp_path / "data"}',
           *overrides]
-  return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  return forked.run(args, cwd=ROOT, env=env)  # train.py as a new process, its imports done
 
 
 def error_line(result):

@@ -287,13 +287,14 @@ def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypa
       np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale)
   if name.endswith('scanned'):
     return  # the scan draws the layers' keys in one traced body (flax splits its RNG per layer)
-  with jax.disable_jit():  # the keys themselves
+  @jax.jit
+  def drawn_keys(rng):  # the keys themselves, as the traced forward drew them
     drawn.clear()
-    for rng in (1, 1, 2):
-      model.apply({'params': params}, batch, deterministic=False,
-                  rngs={'dropout': jax.random.key(rng)})
+    model.apply({'params': params}, batch, deterministic=False, rngs={'dropout': rng})
+    return list(drawn)
+  step1, again, step2 = (drawn_keys(jax.random.key(rng)) for rng in (1, 1, 2))
   layers_count = config.model.num_layers
-  step1, again, step2 = (drawn[i * layers_count:(i + 1) * layers_count] for i in range(3))
+  assert len(step1) == len(step2) == layers_count
   words = lambda keys: {tuple(np.asarray(k).ravel()) for k in keys}  # noqa: E731
   assert len(words(step1)) == layers_count  # a mask per layer
   assert words(step1) == words(again)  # from the RNG: a resumed step draws the same
