@@ -157,7 +157,13 @@ def _kernel_checks() -> dict:
   return found
 
 
+TIMED_FROM = 20  # curve times the steps after this many (compiles and warm-up before)
+
+
 def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
+  if steps <= TIMED_FROM:
+    sys.exit(f'attention_dropout_gpu.py: curve times steps {TIMED_FROM + 1} to STEPS: give '
+             f'STEPS above {TIMED_FROM}, not {steps}.')
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   import input_pipeline  # pylint: disable=g-import-not-at-top
@@ -196,7 +202,7 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
     losses, in_flight = [], collections.deque()
     started = time.perf_counter()
     for step in range(steps):
-      if step == 20:
+      if step == TIMED_FROM:
         jax.block_until_ready(state)
         start = time.perf_counter()
       state, metrics = compiled(state, batch)
@@ -210,7 +216,7 @@ def _curve(config_arg: str, steps: int, overrides: list[str]) -> dict:
         print(json.dumps({'step': step + 1, 'seconds': round(time.perf_counter() - started, 2)}),
               flush=True)
     jax.block_until_ready(state)
-    seconds = (time.perf_counter() - start) / (steps - 20)
+    seconds = (time.perf_counter() - start) / (steps - TIMED_FROM)
   losses = [float(np.divide(*pair)) for pair in jax.device_get(losses)]
   return {'config': config_arg, 'overrides': overrides, 'step_seed': step_seed,
           'flash_dropout': settings,

@@ -266,3 +266,10 @@ def test_the_gpu_session_takes_the_opt_in_changes_a_check_found_right_and_a_time
   mask = {**check, 'mask read off the output': {'elements': 8, 'differing from keep_mask': 1}}
   assert chosen(mask, timed) == []
   assert flash_dropout_gpu.settings(str(tmp_path / 'none.txt'), str(tmp_path / 'time.txt')) == []
+
+
+def test_a_curve_too_short_to_time_is_one_line_before_anything_is_built():
+  import attention_dropout_gpu  # pylint: disable=g-import-not-at-top (imports jax)
+  with pytest.raises(SystemExit, match=r'^attention_dropout_gpu.py: curve times steps 21 to '
+                                       r'STEPS: give STEPS above 20, not 20\.$'):
+    attention_dropout_gpu._curve('configs/gpt.py:tiny', 20, [])  # pylint: disable=protected-access
