@@ -20,12 +20,12 @@ import importlib
 import json
 import os
 import runpy
-import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 _SERVERS: dict[tuple, subprocess.Popen] = {}
 # May differ between the runs of one server: XLA reads XLA_FLAGS when a backend starts, not at
@@ -49,29 +49,19 @@ def run(args: list[str], cwd: str, env: dict[str, str], timeout: float = 300
   server = _SERVERS[key]
   with tempfile.TemporaryDirectory(prefix='forked_run_') as tmp:
     out, err = os.path.join(tmp, 'stdout'), os.path.join(tmp, 'stderr')
-    server.stdin.write(json.dumps({'argv': args[1:], 'cwd': cwd, 'env': env,
-                                   'stdout': out, 'stderr': err}) + '\n')
+    server.stdin.write(json.dumps({'argv': args[1:], 'cwd': cwd, 'env': env, 'stdout': out,
+                                   'stderr': err, 'timeout': timeout}) + '\n')
     server.stdin.flush()
-    pid = json.loads(_read_line(server, timeout))['pid']
-    try:
-      returncode = json.loads(_read_line(server, timeout))['returncode']
-    except subprocess.TimeoutExpired:
-      os.kill(pid, signal.SIGKILL)
-      _read_line(server, timeout)
-      raise subprocess.TimeoutExpired(args, timeout) from None
+    reply = server.stdout.readline()  # the server answers each run, a timed-out one too
+    if not reply:
+      raise RuntimeError(f'the forked-run server for {script} exited with status '
+                         f'{server.wait()}')
+    returncode = json.loads(reply)['returncode']
+    if returncode is None:
+      raise subprocess.TimeoutExpired(args, timeout)
     with open(out, encoding='utf-8', errors='replace') as f_out, \
          open(err, encoding='utf-8', errors='replace') as f_err:
       return subprocess.CompletedProcess(args, returncode, f_out.read(), f_err.read())
-
-
-def _read_line(server: subprocess.Popen, timeout: float) -> str:
-  if not select.select([server.stdout], [], [], timeout)[0]:
-    raise subprocess.TimeoutExpired(server.args, timeout)
-  line = server.stdout.readline()
-  if not line:
-    raise RuntimeError(f'the forked-run server for {server.args[-1]} exited with status '
-                       f'{server.wait()}')
-  return line
 
 
 def _imports(script: str) -> list[str]:
@@ -132,12 +122,26 @@ def _serve(script: str) -> None:
     sys.exit(f'forked.py: importing {script}\'s modules started a JAX backend; a forked child '
              'would inherit its devices and threads')
   for line in sys.stdin:
+    request = json.loads(line)
     pid = os.fork()
     if pid == 0:
-      _child(json.loads(line))
-    print(json.dumps({'pid': pid}), flush=True)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({'returncode': os.waitstatus_to_exitcode(status)}), flush=True)
+      _child(request)
+    print(json.dumps({'returncode': _wait(pid, request['timeout'])}), flush=True)
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+  """The child's exit status as subprocess gives it, or None when it ran past `timeout`
+  seconds (it is killed then)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+      return os.waitstatus_to_exitcode(status)
+    if time.monotonic() > deadline:
+      os.kill(pid, signal.SIGKILL)
+      os.waitpid(pid, 0)
+      return None
+    time.sleep(0.01)
 
 
 if __name__ == '__main__':
