@@ -59,6 +59,17 @@ def mix(x: Array) -> Array:
   return mix_on(shift_in(x))
 
 
+def threshold(rate: float) -> int:
+  """Elements whose 16 bits fall below this are dropped: the rate to the nearest multiple of
+  2^-16 (0.1 -> 0.1000061)."""
+  return round(rate * _LEVELS)
+
+
+def keep_scale(dropped: int) -> float:
+  """1 / P(keep) for elements dropped below `dropped`: what the kept values are multiplied by."""
+  return _LEVELS / (_LEVELS - dropped)
+
+
 def draw_keys(rng: Array, lead: tuple[int, ...]) -> Array:
   """The uint32 keys of one call's masks, one per leading index, drawn from `rng`."""
   return jax.random.bits(rng, lead, jnp.uint32)
@@ -92,14 +103,14 @@ def keep_pairs(rows: Array, pairs: Array, dropped: int) -> Array:
 
 def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
   """(boolean mask of the kept elements, the scale of kept values 1 / P(keep))."""
-  dropped = round(rate * _LEVELS)  # an element is dropped when its 16 bits are below this
+  dropped = threshold(rate)
   if dropped >= _LEVELS:
     return jnp.zeros(shape, jnp.bool_), 0.0
   if not dropped:
     return jnp.ones(shape, jnp.bool_), 1.0
   *lead, rows, columns = (1, 1, *shape)[-max(len(shape), 2):]  # a vector (or scalar): one row
   keep = keep_for_keys(draw_keys(rng, tuple(lead)), rows, columns, dropped)
-  return keep.reshape(shape), _LEVELS / (_LEVELS - dropped)
+  return keep.reshape(shape), keep_scale(dropped)
 
 
 def keep_for_keys(keys: Array, rows: int, columns: int, dropped: int) -> Array:

@@ -79,14 +79,14 @@ def _dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Ar
 
 
 def _threshold(rate: float) -> int:
-  """Elements whose 16 bits fall below this are dropped: the rate to within 2^-16, as
-  models/dropout.py's (0.1 -> 0.1000061)."""
-  return min(round(rate * 2.0 ** 16), 2 ** 16 - 1)
+  """Elements whose 16 bits fall below this are dropped (dropout.threshold), at most 2^16 - 1,
+  as keep_pairs' 32-bit comparisons take it (a draw of 0xFFFF is kept at any rate)."""
+  return min(dropout.threshold(rate), 2 ** 16 - 1)
 
 
 def keep_scale(rate: float) -> float:
   """1 / P(keep): what kept probabilities are multiplied by."""
-  return 2.0 ** 16 / (2.0 ** 16 - _threshold(rate))
+  return dropout.keep_scale(_threshold(rate))
 
 
 def _keep(row_words: Array, pair_words: Array, rate: float) -> Array:

@@ -261,7 +261,7 @@ def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypa
   monkeypatch.setattr(flash_dropout, 'dropout_keys',
                       lambda *args: drawn.append(draw(*args)) or drawn[-1])
 
-  def training(rng):
+  def training(rng, model=model):
     def loss(params):
       outputs = model.apply({'params': params}, batch, deterministic=False,
                             rngs={'dropout': rng})
@@ -276,10 +276,8 @@ def test_models_draw_a_mask_per_layer_and_step_from_the_steps_rng(name, monkeypa
   (got_loss, got_grads), (expected_loss, expected_grads) = got, expected
   # XLA's attention (model.attention=xla, models/dropout.py's mask of the probabilities) drops
   # what the kernels drop for the same RNG: the same loss and gradients again.
-  xla = model_module.Model(dataclasses.replace(model.config, attention='xla'))
-  xla_loss, xla_grads = jax.jit(jax.value_and_grad(lambda params: objective.loss_fn(xla.apply(
-      {'params': params}, batch, deterministic=False, rngs={'dropout': jax.random.key(1)}),
-      batch)[0]))(params)
+  xla_loss, xla_grads = training(jax.random.key(1), model_module.Model(
+      dataclasses.replace(model.config, attention='xla')))
   scale = max(np.abs(e).max() for e in jax.tree.leaves(expected_grads))
   for loss, grads in ((got_loss, got_grads), (xla_loss, xla_grads)):
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
