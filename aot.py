@@ -321,10 +321,29 @@ def kernels_by_op(hlo_text: str, chip: Chip, dtype: str, top: int | None = 30
   return sorted(groups.values(), key=lambda g: -g['seconds'])[:top]
 
 
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """A config's train step compiled for a topology's devices (compile_train_step)."""
+  config: Any
+  topology: str
+  chip: Chip
+  devices: list[Any]
+  mesh: Any
+  state: Any  # abstract: shapes, dtypes and shardings
+  executable: Any  # jax's Compiled: .as_text(), .memory_analysis(), .cost_analysis()
+  seconds: float
+
+
 def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[str, Any]:
   """Compiles the train step for the topology's devices and returns the report's figures;
   `unroll_estimate` costs a TPU step's scanned layers one by one (unrolled_cost: two more
   compiles)."""
+  return step_report(compile_train_step(config, topology), unroll_estimate)
+
+
+def compile_train_step(config, topology: str) -> CompiledStep:
+  """The config's train step compiled for the topology's devices; DoesNotFit where XLA's memory
+  assignment finds no room in HBM."""
   chip, devices = topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh, devices)
   hosts = len({d.process_index for d in devices})
@@ -339,8 +358,17 @@ def compile_step(config, topology: str, unroll_estimate: bool = True) -> dict[st
       if 'RESOURCE_EXHAUSTED' in str(e):  # XLA's memory assignment found no room in HBM
         raise DoesNotFit(f'DOES NOT FIT: {_first_line(e)}; {fixes(config, mesh)}') from e
       raise
-  compile_seconds = time.perf_counter() - start
+  return CompiledStep(config, topology, chip, devices, mesh, state, compiled,
+                      time.perf_counter() - start)
 
+
+def step_report(step: CompiledStep, unroll_estimate: bool = True) -> dict[str, Any]:
+  """The report's figures of a compiled step (compile_step's); DoesNotFit where it is larger
+  than the HBM JAX may use."""
+  config, topology, chip, devices, mesh, state, compiled = (
+      step.config, step.topology, step.chip, step.devices, step.mesh, step.state, step.executable)
+  hosts = len({d.process_index for d in devices})
+  compile_seconds = step.seconds
   memory = compiled.memory_analysis()
   temp = memory.temp_size_in_bytes
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes

@@ -21,12 +21,9 @@ from trainer import peaks
 import trainer.checks
 
 
-@pytest.fixture(autouse=True)
-def quiet_libtpu(monkeypatch):  # test_hlo_bytes_agree_with_xla_cost_analysis compiles for a TPU
-  for name, value in aot.QUIET_LIBTPU.items():
-    monkeypatch.setenv(name, value)
-
-
+# Slow: the fast tier has auto's choice (the next test) and cuDNN's call compiled (the dropout
+# test below); this is the 8-GPU compile with the call split over the heads.
+@pytest.mark.slow
 def test_attention_auto_takes_cudnn_in_the_compiled_bert_step():
   config = bert_base.get_config('tiny')
   config.mesh = (('data', 4), ('fsdp', 1), ('tensor', 2))  # cuDNN's call split over the heads too
@@ -301,22 +298,6 @@ def test_per_kernel_estimate_of_a_hand_written_step(monkeypatch):
   # float32 matmuls run at the TF32 peak (half of bfloat16's here).
   assert aot.gpu_compute_estimate(KERNELS_HLO, chip, 'float32')[3]['attention'] == pytest.approx(
       33554432 / 0.5e12)
-
-
-def test_hlo_bytes_agree_with_xla_cost_analysis():
-  # Where XLA counts (a TPU step), the HLO walk that stands in for it on GPUs agrees.
-  config = bert_base.get_config('tiny')
-  config.mesh = (('data', 2), ('fsdp', 2), ('tensor', 1))
-  chip, devices = aot.topology_devices('v4:2x2x1')
-  mesh = aot.sharding.make_mesh(config.mesh, devices)
-  _, _, state, train_step, _ = aot.trainer.state.build(config, mesh, materialize=False)
-  with jax.set_mesh(mesh):
-    compiled = train_step.lower(state, aot.trainer.state.abstract_batch(config, mesh)).compile()
-  xla_bytes = aot._cost(compiled)['bytes accessed']
-  # 0.89 with threefry's dropout masks, 0.85 with the counted ones: the walk's bytes fell by 23.5
-  # MB and XLA's by 14.1, 9.4 MB of the difference four slice-starts of an embedding table into
-  # TPU memory that the old step's schedule had and the new one has not.
-  assert 0.8 < hlo.hlo_bytes(compiled.as_text()) / xla_bytes < 1.2
 
 
 def test_hlo_bytes_count_loop_bodies_by_their_trips():
