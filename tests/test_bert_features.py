@@ -4,7 +4,6 @@ writes a BERT's hidden states exactly, and the tagger over a frozen BERT reads t
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -19,6 +18,7 @@ import pytest
 from configs import bert_base
 from configs import common
 import extract_features
+import forked  # tests/
 import input_pipeline
 from models import bert
 from models import bert_feature_tagger
@@ -248,14 +248,13 @@ def test_command_line(bert_run, lines_file, tmp_path):
   output = str(tmp_path / 'cli.h5')
   base = [sys.executable, 'extract_features.py', f'--workdir={bert_run[0]}',
           f'--input={lines_file}', f'--output={output}']
-  result = subprocess.run(base + ['--combine=concat_last_four', '--max_seq_length=32'], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+  # Both runs forked from one import of extract_features.py's modules (tests/forked.py).
+  result = forked.run(base + ['--combine=concat_last_four', '--max_seq_length=32'], ROOT, env)
   assert result.returncode == 0, result.stderr[-3000:]
   data, texts = read(output)
   assert texts['tokens'] == TOKENS
   assert data['1'].shape == (len(TOKENS[1]), 4 * MODEL['hidden_size'])
-  result = subprocess.run(base + ['--layers=7'], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+  result = forked.run(base + ['--layers=7'], ROOT, env)
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-1].startswith(
       'extract_features.py: error: --layers=7: this BERT has 5 layers')

@@ -5,6 +5,7 @@ Expected tokens are written by hand from google-research/bert tokenization.py
 basic rules in plain Python for the check over every code point.
 """
 
+import functools
 import os
 import sys
 import unicodedata
@@ -146,6 +147,9 @@ def test_learn_vocab_is_deterministic_and_padded(tmp_path):
 # The reference rules restated (tokenization.py BasicTokenizer).
 
 
+# Functions of one character, cached: the test below reads 'a', 'b', 'c' and 'd' in each of its
+# 290,000 words (2.8 -> 1.8 s of its reference's time; the same tokens).
+@functools.cache
 def _is_punctuation(char: str) -> bool:
   cp = ord(char)
   return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
@@ -159,6 +163,7 @@ def _is_cjk(cp: int) -> bool:
       (0x2F800, 0x2FA1F)])
 
 
+@functools.cache
 def _clean(char: str) -> str:
   if char in '\t\n\r' or unicodedata.category(char) == 'Zs':
     return ' '
