@@ -5,6 +5,8 @@ word as its id, so the expected rows can be written by hand.
 """
 
 import json
+import os
+import shutil
 import time
 
 import numpy as np
@@ -271,8 +273,13 @@ def test_get_dataset_runs_the_pipeline_by_name(tmp_path):
   assert set(example) == set(FIELDS) and example['input_ids'].shape == (2, 16)
 
 
-def test_embedded_corpus_with_learned_bpe(tmp_path):
+def test_embedded_corpus_with_learned_bpe(tmp_path, shared_data_dir):
   """The default setup end to end: a byte-level BPE learned on the embedded corpus, packed."""
+  # The corpus as the run's data directory has it, built once for the tests (its building is
+  # test_sources'), and the vocabulary learned here.
+  corpus = sources.embedded_corpus(shared_data_dir)
+  os.makedirs(tmp_path / 'embedded')
+  shutil.copy(corpus, tmp_path / 'embedded' / os.path.basename(corpus))
   started = time.time()
   cfg = gpt.get_config('tiny').data
   cfg.update(dict(data_dir=str(tmp_path), max_seq_length=64, docs_per_chunk=50))
