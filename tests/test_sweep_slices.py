@@ -157,23 +157,26 @@ def test_a_run_whose_mesh_needs_more_than_a_slice_is_refused_in_one_line(fake_ru
 
 def test_a_later_stage_starts_when_its_own_run_ends_and_a_failure_stops_only_its_own(
     fake_runs, tmp_path, capsys):
-  runs = fake_runs(slow=20, quick=2)  # 2 s and 0.2 s
+  # 5 s and 0.2 s: the quick one's fine-tuning starts after more process starts and the
+  # runner's polls (every 0.2 s); in a fast-tier run on a loaded core it started 0.1 s after
+  # a 2 s pretraining had ended, and the test failed.
+  runs = fake_runs(slow=50, quick=2)
   failed = runner.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(6, 7)))
   out = capsys.readouterr().out
   by_name = {f'{r.stage}/{os.path.basename(r.workdir)}': r for r in runs}
   notes = {name: _notes(run.workdir) for name, run in by_name.items()
            if os.path.exists(os.path.join(run.workdir, 'fake.jsonl'))}
-  slow, quick = notes['pretrain/log_every=20,seed=0'], notes['pretrain/log_every=2,seed=0']
+  slow, quick = notes['pretrain/log_every=50,seed=0'], notes['pretrain/log_every=2,seed=0']
   quick_finetune = notes['finetune/log_every=2,seed=0']
   # The quick pretraining's fine-tuning ran while the slow pretraining was still running.
   assert quick['end'] <= quick_finetune['start'] < slow['end']
   assert quick_finetune['init_from'] == by_name['pretrain/log_every=2,seed=0'].workdir
-  assert notes['finetune/log_every=20,seed=0']['start'] >= slow['end']
+  assert notes['finetune/log_every=50,seed=0']['start'] >= slow['end']
   # Each ran on one GPU of its own, and said so.
   assert {slow['cuda'], quick['cuda']} == {'6', '7'}
-  assert re.search(r'\] pretrain log_every=20,seed=0: running on slice \d/2 \(GPUs [67]\)', out)
+  assert re.search(r'\] pretrain log_every=50,seed=0: running on slice \d/2 \(GPUs [67]\)', out)
   log = open(runner.log_path(runs[0], str(tmp_path / 'w'))).read()
-  assert log.startswith('sweep.py: pretrain log_every=20,seed=0 on slice 1/2 (GPUs 6): '
+  assert log.startswith('sweep.py: pretrain log_every=50,seed=0 on slice 1/2 (GPUs 6): '
                         'CUDA_VISIBLE_DEVICES=6\n')
   # The broken pretraining failed; only its fine-tuning was skipped.
   assert [f'{r.stage}/{os.path.basename(r.workdir)}' for r in failed] == [
