@@ -62,19 +62,15 @@ def _check_sharded_step(report, mesh):
     assert report['param_bytes'] < report['param_bytes_unsharded']
 
 
-def _compiles():
-  """Each kind of mesh, each model, for the TPU slice and the GPU node, all in the slow tier.
-  The fast tier compiles each kind of mesh once for the TPU slice in the tests below, BERT
-  each time: with FSDP at 512 tokens (the phase test), tensor parallel with the flash kernel
-  (_flash_step); tests/test_aot_gpu.py compiles for GPUs in the fast."""
-  for topology in SLICES:
-    for mesh in MESHES:
-      for name, module in (('bert', bert_base), ('gpt', gpt)):
-        yield pytest.param(module, mesh, topology, id=f'{name}-{mesh}-{topology}',
-                           marks=pytest.mark.slow)
-
-
-@pytest.mark.parametrize('module,mesh,topology', list(_compiles()))
+# Each kind of mesh, each model, for the TPU slice and the GPU node. The fast tier compiles each
+# kind of mesh once for the TPU slice in the tests below, BERT each time: with FSDP at 512 tokens
+# (the phase test), tensor parallel with the flash kernel (_flash_step); tests/test_aot_gpu.py
+# compiles for GPUs in the fast.
+@pytest.mark.slow
+@pytest.mark.parametrize('module,mesh,topology', [
+    pytest.param(module, mesh, topology, id=f'{name}-{mesh}-{topology}')
+    for topology in SLICES for mesh in MESHES
+    for name, module in (('bert', bert_base), ('gpt', gpt))])
 def test_tiny_train_steps_compile(module, mesh, topology):
   report = aot.compile_step(_tiny(module, mesh, topology), topology)
   _check_sharded_step(report, SLICES[topology][mesh])
