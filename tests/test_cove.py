@@ -37,7 +37,7 @@ def _setup(seed=0, **kw):
   model = cove.Model(_config(**kw))
   batch = {'source_ids': _ids(SOURCE_V, 3, 7, seed=seed).at[1, 4:].set(0),
            'target_input_ids': _ids(V, 3, 6, seed=seed + 1)}
-  params = nn.meta.unbox(model.init(jax.random.key(seed), batch)['params'])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(seed), batch)['params'])
   return model, params, batch
 
 
@@ -95,9 +95,10 @@ def test_decoder_is_causal():
 
 def test_encoder_padding_changes_nothing():
   model, params, batch = _setup()
-  out = model.apply({'params': params}, batch)
+  apply = jax.jit(model.apply)
+  out = apply({'params': params}, batch)
   padded = dict(batch, source_ids=jnp.pad(batch['source_ids'], ((0, 0), (0, 4))))
-  out_padded = model.apply({'params': params}, padded)
+  out_padded = apply({'params': params}, padded)
   np.testing.assert_allclose(out['logits'], out_padded['logits'], atol=1e-5)
   np.testing.assert_allclose(out['cove'], out_padded['cove'][:, :7], atol=1e-6)
   # Row 1 has 4 words: its CoVe states past them are zeros, and no attention goes there.
@@ -106,7 +107,7 @@ def test_encoder_padding_changes_nothing():
   # And a word past a row's length is never read: the other rows' words change nothing.
   other = dict(batch, source_ids=batch['source_ids'].at[1, 4:].set(9))
   lengths_kept = dict(other, source_segment_ids=(batch['source_ids'] > 0).astype(jnp.int32))
-  np.testing.assert_allclose(model.apply({'params': params}, lengths_kept)['logits'],
+  np.testing.assert_allclose(apply({'params': params}, lengths_kept)['logits'],
                              out['logits'], atol=1e-6)
 
 
@@ -117,8 +118,8 @@ def test_step_by_step_decoding_equals_the_full_pass():
                                       max_length=T)
   assert reorder is None
   target = batch['target_input_ids']
-  expected = model.apply({'params': params}, dict(batch, target_input_ids=target))['logits']
-  step = jax.jit(step)
+  expected = jax.jit(model.apply)({'params': params}, dict(batch, target_input_ids=target))
+  expected, step = expected['logits'], jax.jit(step)
   for t in range(T):
     logits, state = step(target[:, t], state)
     np.testing.assert_allclose(logits, expected[:, t], atol=1e-5)
@@ -182,7 +183,7 @@ def test_unknown_words_share_one_learned_vector():
 def test_gradients_reach_the_unknown_vector_and_the_encoder():
   model, params, batch = _setup()
   batch = dict(batch, source_ids=batch['source_ids'].at[0, 0].set(cove.UNKNOWN_WORD_ID))
-  grads = jax.grad(lambda p: model.apply({'params': p}, batch)['logits'].sum())(params)
+  grads = jax.jit(jax.grad(lambda p: model.apply({'params': p}, batch)['logits'].sum()))(params)
   assert np.abs(grads['word_vectors']['unknown']).sum() > 0
   assert np.abs(grads['encoder']['layer0_forward']['input_kernel']).sum() > 0
 
@@ -193,7 +194,8 @@ def test_only_the_word_table_is_frozen():
   config = cove_config.get_config('tiny')
   tx = trainer.optimizer.make_optimizer(config.optimizer, optax.constant_schedule(0.1))
   grads = jax.tree.map(jnp.ones_like, params)
-  updates, _ = tx.update(grads, tx.init(params), params)
+  # One compiled program: the optimizer op by op, over every parameter's shape, took 8.6 s.
+  updates = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
   assert not np.asarray(updates['word_vectors']['table']['embedding']).any()
   assert np.asarray(updates['word_vectors']['unknown']).all()
   assert np.asarray(updates['encoder']['layer1_backward']['input_kernel']).all()
@@ -279,7 +281,7 @@ def test_glove_vocabulary_and_vectors_in_the_parameters(tmp_path):
   model = cove.Model(trainer.checks.model_config(config))
   example = translation.example_batch(config.data, 300, 2)
   assert example['source_ids'].max() < 20 and example['source_segment_ids'].max() == 1
-  params = nn.meta.unbox(model.init(jax.random.key(0), example)['params'])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), example)['params'])
   params = cove.load_pretrained(config, params, tokenizer)
   table = np.asarray(params['word_vectors']['table']['embedding'])
   np.testing.assert_allclose(table[3:7], [[0.1, 0.2, 0.3], [-1, 0.5, 2], [3, 3, 3],
