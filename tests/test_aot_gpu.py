@@ -84,6 +84,7 @@ def test_cudnn_attention_with_dropout_compiles_and_the_estimate_costs_it(monkeyp
   # Every group of kernels, not the 30 largest: a tiny step's attention is among the smallest.
   monkeypatch.setattr(aot, 'kernels_by_op', functools.partial(aot.kernels_by_op, top=10_000))
   config = gpt_config.get_config('tiny')
+  config.model.num_layers = 1  # each count below is per layer
   config.model.attention = 'cudnn'
   config.train.batch_size = 8
   asked = []  # what the steps asked for: the train step with cuDNN's dropout, the eval step not
@@ -124,6 +125,7 @@ def test_our_attention_kernels_compile_for_a_gpu_and_the_estimate_costs_them(who
   monkeypatch.setattr(aot, 'kernels_by_op', functools.partial(aot.kernels_by_op, top=10_000))
   monkeypatch.setattr(flash_dropout, 'WHOLE_QUERIES', whole_queries)
   config = gpt_config.get_config('tiny')
+  config.model.num_layers = 1  # each count below is per layer
   config.model.attention = 'triton'
   config.train.batch_size = 8
   report = aot.compile_step(config, 'h100:1')
