@@ -118,8 +118,9 @@ def test_step_by_step_decoding_equals_the_full_pass():
                                       max_length=T)
   assert reorder is None
   target = batch['target_input_ids']
-  expected = jax.jit(model.apply)({'params': params}, dict(batch, target_input_ids=target))
-  expected, step = expected['logits'], jax.jit(step)
+  expected = jax.jit(model.apply)({'params': params},
+                                  dict(batch, target_input_ids=target))['logits']
+  step = jax.jit(step)
   for t in range(T):
     logits, state = step(target[:, t], state)
     np.testing.assert_allclose(logits, expected[:, t], atol=1e-5)

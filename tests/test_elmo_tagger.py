@@ -126,8 +126,8 @@ def test_frozen_parameters_get_no_update_even_with_weight_decay():
   params = {'bilm': {'kernel': jnp.ones((3, 2))}, 'classifier': {'kernel': jnp.ones((2, 2))}}
   grads = jax.tree.map(jnp.ones_like, params)  # a gradient the stop-gradient would have zeroed
 
-  def first_update(opt_cfg):  # one compiled program, not the optimizer op by op
-    tx = trainer.optimizer.make_optimizer(opt_cfg, optax.constant_schedule(0.1))
+  def first_update(cfg):  # one compiled program, not the optimizer op by op
+    tx = trainer.optimizer.make_optimizer(cfg, optax.constant_schedule(0.1))
     return jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
 
   updates = first_update(opt_cfg)
