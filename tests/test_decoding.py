@@ -78,9 +78,15 @@ def _sample(model, params, use_cache, prompts=PROMPTS, lengths=LENGTHS, **kw):
                                     use_cache=use_cache, **kw))
 
 
-@pytest.mark.parametrize('scan', [False, True])
-@pytest.mark.parametrize('how', [dict(), dict(temperature=1.0, top_k=5),
-                                 dict(temperature=0.7)], ids=['greedy', 'top5', 'temp0.7'])
+HOWS = {'greedy': dict(), 'top5': dict(temperature=1.0, top_k=5), 'temp0.7': dict(temperature=0.7)}
+
+
+# The cache under scanned layers once in the fast tier (greedy); every sampling under both in the
+# slow tier (each case compiles two programs of its own).
+@pytest.mark.parametrize('scan,how', [
+    pytest.param(scan, how, id=f'{name}-{scan}',
+                 marks=[pytest.mark.slow] if scan and name != 'greedy' else [])
+    for name, how in HOWS.items() for scan in (False, True)])
 def test_cached_sampling_equals_uncached(scan, how):
   model = _model(scan)
   params = _params(model)
