@@ -56,36 +56,29 @@ def read_metrics(workdir):
     return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
 
 
-def _three_steps(config, devices):
+def _three_steps(config, devices, gradients=False):
+  """The losses and gradient norms of three train steps, the final state, and with `gradients`
+  those of the initial parameters (the objective's loss on the same batch, without dropout)."""
   mesh = sharding.make_mesh(config.mesh, devices)
-  _, _, state, step, _ = trainer.state.build(config, mesh)
-  local = input_pipeline.example_batch(config.data, config.model.vocab_size,
-                                       batch_size=config.train.batch_size)
-  losses, grad_norms = [], []
-  with jax.set_mesh(mesh):
-    batch = sharding.global_batch(local, mesh)
-    for _ in range(3):  # the first step has learning rate 0 (warmup)
-      state, metrics = step(state, batch)
-      losses.append(float(metrics['loss'][0] / metrics['loss'][1]))
-      grad_norms.append(float(metrics['grad_norm'][0]))
-  return losses, grad_norms, state
-
-
-def _gradients(config, devices):
-  mesh = sharding.make_mesh(config.mesh, devices)
+  objective, _, state, step, _ = trainer.state.build(config, mesh)
   model = importlib.import_module(f'models.{config.model_name}').Model(
       trainer.checks.model_config(config))
-  objective = importlib.import_module(f'objectives.{config.objective}')
   local = input_pipeline.example_batch(config.data, config.model.vocab_size,
                                        batch_size=config.train.batch_size)
-  state, _ = trainer.state.create_state(model, optax.sgd(0.1), local, 0, mesh,
-                                        config.logical_axis_rules)
 
   def loss(params, batch):
     with nn.logical_axis_rules(config.logical_axis_rules):
       return objective.loss_fn(model.apply({'params': params}, batch), batch)[0]
+  losses, grad_norms, initial_grads = [], [], None
   with jax.set_mesh(mesh):
-    return jax.device_get(jax.jit(jax.grad(loss))(state.params, sharding.global_batch(local, mesh)))
+    batch = sharding.global_batch(local, mesh)
+    if gradients:  # before the steps, which take the state's buffers
+      initial_grads = jax.device_get(jax.jit(jax.grad(loss))(state.params, batch))
+    for _ in range(3):  # the first step has learning rate 0 (warmup)
+      state, metrics = step(state, batch)
+      losses.append(float(metrics['loss'][0] / metrics['loss'][1]))
+      grad_norms.append(float(metrics['grad_norm'][0]))
+  return losses, grad_norms, state, initial_grads
 
 
 def _shrunk(config, data_dir, **train_overrides):
@@ -160,11 +153,10 @@ def test_one_device_and_eight_devices_agree(data_dir, make_config, mesh):
   assert len(jax.devices()) == 8
   config = make_config(data_dir)
   config.model.update(num_heads=4, mlp_dim=64, vocab_size=256)
-  one_losses, one_norms, _ = _three_steps(config, jax.devices()[:1])
-  one_grads = _gradients(config, jax.devices()[:1])
+  one_losses, one_norms, _, one_grads = _three_steps(config, jax.devices()[:1], gradients=True)
   config.mesh = EIGHT_DEVICE_MESHES[mesh]
-  eight_losses, eight_norms, state = _three_steps(config, jax.devices())
-  eight_grads = _gradients(config, jax.devices())
+  eight_losses, eight_norms, state, eight_grads = _three_steps(config, jax.devices(),
+                                                              gradients=True)
   kernel = state.params['layer_0']['attention']['query']['kernel']
   assert len(kernel.sharding.device_set) == 8
   assert not kernel.sharding.is_fully_replicated
@@ -181,9 +173,9 @@ def test_one_device_and_eight_devices_agree(data_dir, make_config, mesh):
 def test_gradient_accumulation_matches_full_batch(data_dir):
   config = micro_config(data_dir)
   config.model.update(dropout_rate=0.0, attention_dropout_rate=0.0, vocab_size=256)
-  full_losses, full_norms, _ = _three_steps(config, jax.devices()[:2])
+  full_losses, full_norms, _, _ = _three_steps(config, jax.devices()[:2])
   config.train.grad_accum_steps = 2
-  accum_losses, accum_norms, _ = _three_steps(config, jax.devices()[:2])
+  accum_losses, accum_norms, _, _ = _three_steps(config, jax.devices()[:2])
   # MLM counts differ between micro-batches, so the mean of means differs slightly.
   np.testing.assert_allclose(accum_losses, full_losses, rtol=2e-2)
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
