@@ -85,12 +85,17 @@ def _inputs(mask, heads=2, head_dim=16):
   return q, k, v, cotangent, keys
 
 
-def _output_and_grads(attention, q, k, v, cotangent, real_BL):
+def _output_and_grads(attention, q, k, v, cotangent, real_BL, with_jaxpr=False):
+  """The output over the real queries and the gradients of <output, cotangent>; with
+  `with_jaxpr`, also the text of the jaxpr that was compiled for them (one trace for both)."""
   def loss(q, k, v):
     out = attention(q, k, v)
     return jnp.sum(out * cotangent), out
-  grads, out = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
-  return [np.asarray(out) * np.asarray(real_BL)[:, :, None, None]] + [np.asarray(g) for g in grads]
+  traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True)).trace(q, k, v)
+  grads, out = traced.lower().compile()(q, k, v)
+  results = [np.asarray(out) * np.asarray(real_BL)[:, :, None, None]] + [np.asarray(g)
+                                                                         for g in grads]
+  return (results, str(traced.jaxpr)) if with_jaxpr else results
 
 
 def _errors(got, expected):
@@ -110,12 +115,10 @@ def test_kernels_match_xla_with_the_same_mask_with_gradients(name, rate, monkeyp
   reference = lambda keys: lambda q, k, v: flash_dropout.reference(  # noqa: E731
       q, k, v, mask.q_BL, mask.kv_BS, keys, rate, mask.causal)
   with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()):
-    grad = jax.grad(lambda q, k, v: jnp.sum(kernel(keys)(q, k, v)), argnums=(0, 1, 2))
-    jaxpr = str(jax.make_jaxpr(grad)(q, k, v))  # the forward's kernel and the backward's
-    assert 'flash_dropout_forward' in jaxpr  # no fallback
-    taken = re.findall(r'name=flash_dropout_backward_(\w+)', jaxpr)
-    assert set(taken) == ({'q', 'kv'} if backward == 'q' else {backward}), taken
-    got = _output_and_grads(kernel(keys), q, k, v, cotangent, real_BL)
+    got, jaxpr = _output_and_grads(kernel(keys), q, k, v, cotangent, real_BL, with_jaxpr=True)
+  assert 'flash_dropout_forward' in jaxpr  # no fallback
+  taken = re.findall(r'name=flash_dropout_backward_(\w+)', jaxpr)
+  assert set(taken) == ({'q', 'kv'} if backward == 'q' else {backward}), taken
   expected = _output_and_grads(reference(keys), q, k, v, cotangent, real_BL)
   for what, error in zip(('output', 'dq', 'dk', 'dv'), _errors(got, expected)):
     assert error <= TOLERANCE, f'{what}: error {error:.2e} of its largest entry'

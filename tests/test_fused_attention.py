@@ -82,15 +82,18 @@ def _inputs(mask, dtype, heads=2, head_dim=64):
   return q, k, v, cotangent
 
 
-def _output_and_grads(attention, q, k, v, cotangent, real_BL):
+def _output_and_grads(attention, q, k, v, cotangent, real_BL, with_jaxpr=False):
   """The attention output and the gradients of <output, cotangent> over the real queries
-  (padding queries' outputs are never read) with respect to q, k and v, all in float32."""
+  (padding queries' outputs are never read) with respect to q, k and v, all in float32; with
+  `with_jaxpr`, also the text of the jaxpr that was compiled for them (one trace for both)."""
   def loss(q, k, v):
     out = attention(q, k, v)
     return jnp.sum(out.astype(jnp.float32) * cotangent * real_BL[:, :, None, None]), out
-  grads, out = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True)).trace(q, k, v)
+  grads, out = traced.lower().compile()(q, k, v)
   as_f32 = lambda x: np.asarray(x.astype(jnp.float32))  # noqa: E731
-  return [as_f32(out) * np.asarray(real_BL)[:, :, None, None]] + [as_f32(g) for g in grads]
+  results = [as_f32(out) * np.asarray(real_BL)[:, :, None, None]] + [as_f32(g) for g in grads]
+  return (results, str(traced.jaxpr)) if with_jaxpr else results
 
 
 def _flash(mask):
@@ -133,8 +136,8 @@ def _check_kernel(mask, dtype, heads=2, head_dim=64):
   q, k, v, cotangent = _inputs(mask, dtype, heads, head_dim)
   real_BL = (mask.q_BL > 0).astype(jnp.float32)
   with jax.set_mesh(_mesh()), nn.logical_axis_rules(_rules()), pltpu.force_tpu_interpret_mode():
-    assert 'pallas_call' in str(jax.make_jaxpr(_flash(mask))(q, k, v))  # not XLA's fallback
-    got = _output_and_grads(_flash(mask), q, k, v, cotangent, real_BL)
+    got, jaxpr = _output_and_grads(_flash(mask), q, k, v, cotangent, real_BL, with_jaxpr=True)
+  assert 'pallas_call' in jaxpr  # not XLA's fallback
   # The reference: XLA's attention in float32 on the same (rounded) inputs.
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   expected = _output_and_grads(_xla(mask), *f32, cotangent, real_BL)
