@@ -107,7 +107,7 @@ def default_compile_env() -> dict[str, str]:
 
 
 # Seconds of test time each file took in the fast and the slow tier. The fast tier's: a 2-core AMD
-# EPYC at 9314650's code (699 passed in 7m40s). The slow tier's: a 2-core Xeon's run of 22m10s
+# EPYC at f7f803f's code (699 passed in 7m40s). The slow tier's: a 2-core Xeon's run of 22m10s
 # once test_sweep_cluster's sweeps slept in their steps (test_sweep_cluster's own figure from its
 # 260 steps, alone), test_aot.py's and test_aot_gpu.py's from the EPYC scaled to the Xeon (which
 # took a little under half the EPYC's time). Only a schedule: files not listed take under 8 s in
