@@ -209,11 +209,24 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
 
 
-def test_a_bad_eval_split_stops_the_run_before_it_trains(data_dir, tmp_path):
+def test_a_bad_eval_split_stops_the_run_before_it_compiles_its_init(data_dir, tmp_path):
   config = finetune_micro_config(data_dir)
   config.data.eval_holdout = 10**6  # no example is held out
-  with pytest.raises(ValueError, match="'eval' split .* lower data.eval_holdout"):
-    trainer.loop.train_and_evaluate(config, str(tmp_path))
+  lowered = []
+
+  def listener(event, duration, fun_name=None, **kwargs):
+    del duration, kwargs
+    if event.endswith('jaxpr_to_mlir_module_duration'):  # also where the compile is cached
+      lowered.append(fun_name)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with pytest.raises(ValueError, match="'eval' split .* lower data.eval_holdout"):
+      trainer.loop.train_and_evaluate(config, str(tmp_path))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  # trainer/state.py's init program (what was lowered is jax's eager ops: the seed's key).
+  assert not [name for name in lowered if 'initialize' in name], lowered
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
 
 

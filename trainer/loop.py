@@ -110,9 +110,9 @@ def setup(config, workdir: str, mesh) -> Run:
   # The data shards are the hosts of the run's first job, whatever the hosts are now.
   data_shards = checkpoints.num_data_shards(workdir) or jax.process_count()
 
-  # The state: restored with the data position below, or initialized on its shards.
-  if not resuming:
-    objective, schedule, state, train_step, eval_step = build(config, mesh)
+  # The state: restored with the data position below; a fresh run's is initialized on its
+  # shards once its data is built (below), so that a bad split stops it before the init
+  # program compiles.
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   data, positions = None, 0
   if resuming:
@@ -122,16 +122,11 @@ def setup(config, workdir: str, mesh) -> Run:
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
-    state = state.replace(params=init_params(state.params, config))
     positions = phases_lib.trained_positions(config.init_from) or 0
-  else:
-    model_module = importlib.import_module(f'models.{config.model_name}')
-    if hasattr(model_module, 'load_pretrained'):  # CoVe's GloVe vectors
-      state = state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
   write_workdir_files(config, workdir, tokenizer)
   run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
             phases_lib.of(config), positions)
-  step = int(state.step)
+  step = int(state.step) if resuming else 0
   phase = phases_lib.at(run.phases, step)
   if data and data['phase'] != phase.index:
     # Saved at the end of the previous phase, the next starts at its first example; anything
@@ -146,6 +141,8 @@ def setup(config, workdir: str, mesh) -> Run:
   steps = (train_step, eval_step) if phase.index == 0 else None
   try:
     enter_phase(run, phase, data, steps)
+    if not resuming:
+      run.state = initial_state(config, mesh, tokenizer)
     compile_later_phases(run)
   except BaseException:  # a step too large, Ctrl-C: no input worker stays behind
     for stream in (run.train_iter, run.eval_data):
@@ -153,6 +150,18 @@ def setup(config, workdir: str, mesh) -> Run:
         stream.close()
     raise
   return run
+
+
+def initial_state(config, mesh, tokenizer) -> TrainState:
+  """A fresh run's state on its shards: initialized, then given the parameters of
+  config.init_from, or the model's pretrained part (CoVe's GloVe vectors)."""
+  _, _, state, _, _ = build(config, mesh)
+  if config.get('init_from'):
+    return state.replace(params=init_params(state.params, config))
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  if hasattr(model_module, 'load_pretrained'):
+    return state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
+  return state
 
 
 def compile_later_phases(run: Run) -> None:

@@ -46,8 +46,11 @@ def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
   if not materialize:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         nn.meta.unbox(abstract), shardings), shardings
+  def initialize(rng):  # the init program's name in XLA's dumps and jax's compile events
+    return nn.meta.unbox(init(rng))
+
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+    state = jax.jit(initialize, out_shardings=shardings)(rng)
   return state, shardings
 
 
