@@ -24,6 +24,7 @@ import trainer.loop
 import trainer.optimizer
 
 BOUNDARY = 3  # of 6 steps
+ONE = jax.devices()[:1]  # a run compiles faster than on 8; tests/test_train.py covers the mesh
 
 
 @pytest.fixture(scope='module')
@@ -110,15 +111,13 @@ class Recorded:
     return getattr(self.stream, name)
 
 
-def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path, monkeypatch,
-                                                             capsys):
+def test_a_two_phase_run_switches_length_at_its_boundary(data_dir, tmp_path, monkeypatch, capsys):
   config = two_phase_config(data_dir)
   seen = []
   make = input_pipeline.get_train_stream
   monkeypatch.setattr(input_pipeline, 'get_train_stream',
                       lambda *a, **k: Recorded(make(*a, **k), seen))
-  one = jax.devices()[:1]  # compiles faster than 8; tests/test_train.py covers the mesh
-  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'), devices=one)
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'), devices=ONE)
   out = capsys.readouterr().out
   monkeypatch.undo()
 
@@ -146,7 +145,15 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
   assert counts == {6}, counts
   losses = {r['step']: r['loss'] for r in rows if 'loss' in r}
   assert abs(losses[4] - losses[3]) < 0.1 * losses[3], losses
+  # The last checkpoint says its phase and the positions trained (what fine-tuning reads).
+  assert checkpoints.newest_data(str(tmp_path / 'straight'))['phase'] == 1
+  assert phases.trained_positions(str(tmp_path / 'straight')) == 64
 
+
+@pytest.mark.slow  # five runs: as test_train.py's exact resumes
+def test_a_two_phase_run_resumes_exactly_across_its_boundary(data_dir, tmp_path, monkeypatch):
+  config = two_phase_config(data_dir)
+  straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'), devices=ONE)
   # Stopped in phase 1, exactly at the boundary, just after it, then run to the end: the
   # same run. Each resumed start reads its checkpoint into the state's shapes and shardings
   # alone: no state is initialized first.
@@ -156,7 +163,7 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
                           mngr, target, workdir))
   for stop_after in (BOUNDARY - 1, 1, 1, None):
     state = trainer.loop.train_and_evaluate(config, resumed, stop_after_steps=stop_after,
-                                            devices=one)
+                                            devices=ONE)
   assert len(targets) == 3 and all(isinstance(x, jax.ShapeDtypeStruct)
                                    for x in jax.tree.leaves(targets)), [
                                        type(x) for x in jax.tree.leaves(targets)][:2]
@@ -170,7 +177,7 @@ def test_a_two_phase_run_switches_length_and_resumes_exactly(data_dir, tmp_path,
   config.data.later_phases, config.train.num_steps = (), 8
   with pytest.raises(ValueError, match=r'checkpoint of step 6 is in phase 2 of its run, and '
                      r'this config puts step 6 in phase 1: keep data.later_phases') as e:
-    trainer.loop.train_and_evaluate(config, resumed, devices=one)
+    trainer.loop.train_and_evaluate(config, resumed, devices=ONE)
   assert '\n' not in str(e.value)
 
 
@@ -182,16 +189,21 @@ def test_the_example_batch_has_nsp_labels_only_where_the_batches_do(data_dir, ns
   assert ('next_sentence_labels' in example) == nsp
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the MLM-only variant's run (test_mlm_nsp.py and test_bert_pretraining.py
+# have its loss and batches in the fast tier)
 def test_a_two_phase_run_without_nsp_crosses_its_boundary(data_dir, tmp_path):
   # Phase 2's step is compiled ahead from the pipeline's example batch, which had NSP labels
   # that an MLM-only run's batches lack: the run stopped at the boundary (a pytree mismatch).
   config = two_phase_config(data_dir)
   config.data.next_sentence_prediction = False
-  state = trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'),
-                                          devices=jax.devices()[:1])
+  state = trainer.loop.train_and_evaluate(config, str(tmp_path / 'run'), devices=ONE)
   assert int(state.step) == 6
-  assert [r['max_seq_length'] for r in read_metrics(tmp_path / 'run') if 'loss' in r][-1] == 64
+  logged = read_metrics(tmp_path / 'run')
+  assert [r['max_seq_length'] for r in logged if 'loss' in r][-1] == 64
+  # Trained and evaluated without NSP: no NSP metric anywhere, an MLM loss in every eval.
+  assert not [k for r in logged for k in r if k.startswith(('nsp', 'eval_nsp'))]
+  evals = [r['eval_mlm_loss'] for r in logged if 'eval_loss' in r]
+  assert evals and np.isfinite(evals).all()
 
 
 def _pretraining_run(workdir, *, later_phases=(), phase=0, positions=None):

@@ -247,16 +247,6 @@ def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_
   assert len(path.read_text().splitlines()) == len(lines)
 
 
-def test_mlm_only_variant_trains_without_nsp(data_dir, tmp_path):
-  config = micro_config(data_dir, num_steps=2, checkpoint_every=2)
-  config.data.next_sentence_prediction = False
-  # One device compiles faster than 8; the mesh is test_one_device_and_eight_devices_agree's.
-  trainer.loop.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
-  logged = read_metrics(tmp_path)
-  assert logged and all(not any(k.startswith(('nsp', 'eval_nsp')) for k in m) for m in logged)
-  assert np.isfinite(logged[-1]['eval_mlm_loss'])
-
-
 def test_schedule_and_weight_decay_follow_bert():
   # run_pretraining.py: linear warmup, then lr * (1 - step / num_steps); no decay
   # of LayerNorm parameters and biases.
