@@ -111,7 +111,8 @@ class Recorded:
     return getattr(self.stream, name)
 
 
-def test_a_two_phase_run_switches_length_at_its_boundary(data_dir, tmp_path, monkeypatch, capsys):
+def test_a_two_phase_run_switches_length_and_resumes_at_its_boundary(data_dir, tmp_path,
+                                                                   monkeypatch, capsys):
   config = two_phase_config(data_dir)
   seen = []
   make = input_pipeline.get_train_stream
@@ -149,8 +150,18 @@ def test_a_two_phase_run_switches_length_at_its_boundary(data_dir, tmp_path, mon
   assert checkpoints.newest_data(str(tmp_path / 'straight'))['phase'] == 1
   assert phases.trained_positions(str(tmp_path / 'straight')) == 64
 
+  # Stopped at the boundary, its checkpoint holding phase 1's position, then run to the end:
+  # the same run (the slow tier's test below stops it before, at and after the boundary).
+  resumed = str(tmp_path / 'resumed')
+  trainer.loop.train_and_evaluate(config, resumed, stop_after_steps=BOUNDARY, devices=ONE)
+  assert checkpoints.newest_data(resumed)['phase'] == 0
+  state = trainer.loop.train_and_evaluate(config, resumed, devices=ONE)
+  assert int(state.step) == 6
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params),
+               jax.device_get(straight.params))
 
-@pytest.mark.slow  # five runs: as test_train.py's exact resumes
+
+@pytest.mark.slow  # five runs, as test_train.py's resumes; the fast one resumes at the boundary
 def test_a_two_phase_run_resumes_exactly_across_its_boundary(data_dir, tmp_path, monkeypatch):
   config = two_phase_config(data_dir)
   straight = trainer.loop.train_and_evaluate(config, str(tmp_path / 'straight'), devices=ONE)

@@ -181,8 +181,8 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
 
 
-# In the fast tier, tests/test_phases.py and test_bert_pretraining.py resume BERT exactly (through
-# a phase change, through input workers); this one, a run of its own, is in the slow tier.
+# In the fast tier, tests/test_phases.py resumes BERT exactly at a phase change and
+# test_workers.py its batches through input workers; this one, a run of its own, is slow.
 @pytest.mark.slow
 @pytest.mark.parametrize('make_config', RESUME_CONFIGS)
 def test_resume_is_exact(data_dir, tmp_path, make_config):
