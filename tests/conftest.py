@@ -107,22 +107,23 @@ def default_compile_env() -> dict[str, str]:
 
 
 # Seconds of test time each file took in the fast and the slow tier. The fast tier's: a 2-core AMD
-# EPYC at f7f803f's code (699 passed in 7m40s). The slow tier's: a 2-core Xeon's run of 22m10s
-# once test_sweep_cluster's sweeps slept in their steps (test_sweep_cluster's own figure from its
-# 260 steps, alone), test_aot.py's and test_aot_gpu.py's from the EPYC scaled to the Xeon (which
-# took a little under half the EPYC's time). Only a schedule: files not listed take under 8 s in
-# the fast tier and 20 s or less in the slow.
+# EPYC at f7f803f's code (699 passed in 7m40s), test_train's and test_faults' from 5e383c8's run,
+# test_phases' from its tests alone at 79bc188 (the slow one halved for the Xeon). The slow
+# tier's: a 2-core Xeon's run of 22m10s once test_sweep_cluster's sweeps slept in their steps
+# (test_sweep_cluster's own figure from its 260 steps, alone), test_aot.py's and test_aot_gpu.py's
+# from the EPYC scaled to the Xeon (which took a little under half the EPYC's time). Only a
+# schedule: files not listed take under 8 s in the fast tier and 20 s or less in the slow.
 FILE_SECONDS = {
-    'test_notebooks.py': (0, 365), 'test_sweep_cluster.py': (0, 329), 'test_faults.py': (8, 282),
+    'test_notebooks.py': (0, 365), 'test_sweep_cluster.py': (0, 329), 'test_faults.py': (1, 282),
     'test_bert_finetune_train.py': (0, 179), 'test_elmo_train.py': (4, 166),
     'test_aot.py': (29, 140), 'test_cove_train.py': (0, 150), 'test_gpt_train.py': (0, 142),
-    'test_train.py': (50, 83), 'test_preemption.py': (0, 118), 'test_cvt_train.py': (0, 113),
+    'test_train.py': (41, 83), 'test_preemption.py': (0, 118), 'test_cvt_train.py': (0, 113),
     'test_multihost.py': (0, 110), 'test_fused_attention.py': (38, 70),
     'test_translation.py': (13, 82), 'test_flash_dropout.py': (65, 14), 'test_sweep.py': (1, 75),
     'test_workers.py': (29, 44), 'test_transformer.py': (32, 21), 'test_aot_gpu.py': (27, 22),
     'test_gpt_model.py': (32, 8), 'test_decoding.py': (35, 5), 'test_cove.py': (34, 4),
     'test_convert_checkpoint.py': (37, 0), 'test_bert_features.py': (31, 3),
-    'test_phases.py': (26, 7), 'test_newer_jax.py': (10, 22), 'test_lm_objective.py': (32, 0),
+    'test_phases.py': (23, 17), 'test_newer_jax.py': (10, 22), 'test_lm_objective.py': (32, 0),
     'test_cvt_model.py': (23, 0), 'test_convert_cove.py': (19, 0),
     'test_bilm_objective.py': (19, 0), 'test_elmo_model.py': (19, 0), 'test_bad_input.py': (19, 0),
     'test_bert_model.py': (17, 0), 'test_sweep_slices.py': (15, 0), 'test_lstm.py': (15, 0),
