@@ -46,6 +46,7 @@ def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
   if not materialize:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         nn.meta.unbox(abstract), shardings), shardings
+
   def initialize(rng):  # the init program's name in XLA's dumps and jax's compile events
     return nn.meta.unbox(init(rng))
 
