@@ -2,8 +2,9 @@
 
     checks.py         config checks, each mistake one line naming the fix
     optimizer.py      optimizers, schedules, frozen and weight-decay masks
-    state.py          the sharded train state; `build` (model, objective, steps); loading
-                      a trained workdir's parameters (`load_trained`, `init_params`)
+    state.py          the sharded train state; `build` (model, objective, steps); a new
+                      run's state (`initial_state`); loading a trained workdir's parameters
+                      (`load_trained`, `init_params`)
     steps.py          the jitted train and eval steps
     evaluation.py     eval on the held-out split, and an objective's `eval_metrics` hook
     loop.py           `train_and_evaluate`: setup, the loop, logs, evals, checkpoints

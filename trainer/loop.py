@@ -2,7 +2,6 @@
 
 import collections
 import dataclasses
-import importlib
 import os
 import shutil
 import signal
@@ -28,7 +27,7 @@ from trainer import sharding
 from trainer.stop import StopRequested
 from trainer.checks import check_init_from, check_resumable_params, check_run_directories
 from trainer.checks import inherit_unset_fields, validate
-from trainer.state import TrainState, abstract_batch, build, init_params
+from trainer.state import TrainState, abstract_batch, build, initial_state
 from trainer.steps import accumulate
 
 
@@ -150,18 +149,6 @@ def setup(config, workdir: str, mesh) -> Run:
         stream.close()
     raise
   return run
-
-
-def initial_state(config, mesh, tokenizer) -> TrainState:
-  """A fresh run's state on its shards: initialized, then given the parameters of
-  config.init_from, or the model's pretrained part (CoVe's GloVe vectors)."""
-  _, _, state, _, _ = build(config, mesh)
-  if config.get('init_from'):
-    return state.replace(params=init_params(state.params, config))
-  model_module = importlib.import_module(f'models.{config.model_name}')
-  if hasattr(model_module, 'load_pretrained'):
-    return state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
-  return state
 
 
 def compile_later_phases(run: Run) -> None:

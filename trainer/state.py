@@ -79,6 +79,18 @@ def build(config, mesh, materialize: bool = True
           make_eval_step(model, loss_fn, config, mesh, state_shardings, predict))
 
 
+def initial_state(config, mesh, tokenizer) -> TrainState:
+  """A fresh run's state on its shards: initialized, then given the parameters of
+  config.init_from, or the model's pretrained part (CoVe's GloVe vectors)."""
+  _, _, state, _, _ = build(config, mesh)
+  if config.get('init_from'):
+    return state.replace(params=init_params(state.params, config))
+  model_module = importlib.import_module(f'models.{config.model_name}')
+  if hasattr(model_module, 'load_pretrained'):
+    return state.replace(params=model_module.load_pretrained(config, state.params, tokenizer))
+  return state
+
+
 def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batch's shapes (every feature is batch-first), without making its examples."""
   example = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=2)
