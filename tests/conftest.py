@@ -8,17 +8,19 @@ directory (the `shared_data_dir` fixture) holds the embedded corpus and the
 learned vocabularies for every test that does not test their building.
 
 The tests' CPU programs are compiled for compile speed, not run speed: LLVM
-without optimization and XLA's elemental emitters instead of its MLIR fusion
-emitters (FAST_COMPILE). The same HLO, the same floating-point semantics (no
-fast math either way); only the machine code differs, and the tests' steps are
-tiny, so compiling is most of their time (the fast tier: 7m03s -> 4m15s on a
-2-core Xeon; docs/testing.md). They are XLA flags of the pinned jaxlib, and XLA
-stops a process on a flag it does not know, so under another jaxlib the tests
-compile with XLA's defaults. Programs that train for minutes run FAST_COMPILE's
-code too slowly: the slow tier's end-to-end subprocesses (train.py, the notebooks'
-kernels, the sweeps) take tests/end_to_end.py's environment instead, LLVM at -O1,
-whose steps run as fast as XLA's default -O2 (test_multihost's 2-4-step hosts
-keep FAST_COMPILE).
+without optimization, XLA's elemental emitters instead of its MLIR fusion
+emitters, and each program's code made as one LLVM module, not split into pieces
+for threads that a worker pinned to one core lacks (FAST_COMPILE). The same HLO,
+the same floating-point semantics (no fast math either way); only the machine
+code differs, and the tests' steps are tiny, so compiling is most of their time
+(the fast tier: 7m03s -> 4m15s on a 2-core Xeon with the first two flags; the
+third took 8% off its test time; docs/testing.md). They are XLA flags of the
+pinned jaxlib, and XLA stops a process on a flag it does not know, so under
+another jaxlib the tests compile with XLA's defaults. Programs that train for
+minutes run FAST_COMPILE's code too slowly: the slow tier's end-to-end
+subprocesses (train.py, the notebooks' kernels, the sweeps) take
+tests/end_to_end.py's environment instead, LLVM at -O1, whose steps run as fast
+as XLA's default -O2 (test_multihost's 2-4-step hosts keep FAST_COMPILE).
 """
 
 import collections
@@ -33,7 +35,8 @@ import pytest
 import end_to_end  # tests/, on sys.path for its conftest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+FAST_COMPILE = ('--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false '
+                '--xla_cpu_parallel_codegen_split_count=1')
 
 os.environ['XLA_FLAGS'] = ' '.join(
     [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',

@@ -5,6 +5,7 @@ import platform
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from trainer import host_memory
@@ -14,9 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GLIBC_ONLY = pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc malloc options')
 
 # Allocates, touches and frees a block of the given MiB with malloc, as XLA:CPU's buffers are,
-# the given number of rounds; prints whether the options were set and the page faults of all
-# rounds but the first. glibc's defaults map and unmap a 64 MiB block each round (16,384 fresh
-# 4 KiB pages); kept, the first round's pages serve the others.
+# the given number of rounds; prints whether the options were set, the page faults of all rounds
+# but the first and whether jax was imported. glibc's defaults map and unmap a 64 MiB block each
+# round (16,384 fresh 4 KiB pages); kept, the first round's pages serve the others.
 _ROUNDS = """
 import ctypes, resource, sys
 from trainer import host_memory
@@ -33,23 +34,24 @@ round_trip()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(rounds - 1):
   round_trip()
-print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, 'jax' in sys.modules)
 """
 
 
-def _rounds(mode: str, platforms: str, mib: int = 64, rounds: int = 10) -> tuple[str, int]:
+def _rounds(mode: str, platforms: str, mib: int = 64, rounds: int = 10) -> tuple[str, int, str]:
   env = dict(os.environ, JAX_PLATFORMS=platforms)
   out = subprocess.run([sys.executable, '-c', _ROUNDS, mode, str(mib), str(rounds)], cwd=ROOT,
                        env=env, check=True, capture_output=True, text=True,
                        timeout=120).stdout.split()
-  return out[0], int(out[1])
+  return out[0], int(out[1]), out[2]
 
 
 @_GLIBC_ONLY
 def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
-  applied, faults = _rounds('keep', 'cpu')
+  applied, faults, jax_imported = _rounds('keep', 'cpu')
   assert applied == 'True' and faults < 2000, faults
-  default_applied, default_faults = _rounds('default', 'cpu')
+  assert jax_imported == 'False'  # set before jax starts, without importing it
+  default_applied, default_faults, _ = _rounds('default', 'cpu')
   assert default_applied == 'False' and default_faults > 9 * 16000, default_faults
   # A TPU or GPU run keeps glibc's defaults.
   assert _rounds('keep', 'tpu')[0] == 'False'
@@ -60,7 +62,7 @@ def test_freed_memory_is_reused_on_cpu_and_glibc_defaults_kept_elsewhere():
 def test_a_free_block_above_2_gib_is_kept_too():
   # BERT-base's step frees more than 2 GiB at once: a trim threshold of 2**31 - 1 (mallopt's
   # largest positive value) gave the heap back every step, 356,000 page faults per step.
-  applied, faults = _rounds('keep', 'cpu', mib=2304, rounds=3)
+  applied, faults, _ = _rounds('keep', 'cpu', mib=2304, rounds=3)
   assert applied == 'True' and faults < 2000, faults
 
 
@@ -114,3 +116,14 @@ def test_the_cpu_backend_is_expected_from_the_platforms_flag_or_the_devices(monk
   assert not host_memory.cpu_backend_expected()
   monkeypatch.setattr(host_memory.glob, 'glob', lambda pattern: [])
   assert host_memory.cpu_backend_expected()
+
+
+def test_jax_platforms_set_through_jax_config_wins_once_jax_is_imported(monkeypatch):
+  previous = jax.config.jax_platforms
+  try:
+    for configured, variable, expected in [('tpu', 'cpu', False), ('cpu', 'tpu', True)]:
+      monkeypatch.setenv('JAX_PLATFORMS', variable)
+      jax.config.update('jax_platforms', configured)
+      assert host_memory.cpu_backend_expected() == expected, (configured, variable)
+  finally:
+    jax.config.update('jax_platforms', previous)
