@@ -86,28 +86,24 @@ def pipeline(request, shared_data_dir):
   return stream, batches, states
 
 
-def test_same_batches_with_two_workers(pipeline):
-  """As in one process (one worker: the resume test below and the fine-tuning test)."""
-  stream, batches, states = pipeline
-  parallel = stream(2)
-  _assert_equal(batches, _batches(parallel, BATCHES))
-  assert parallel.get_state() == states[-1]
-  parallel.close()
-  assert _no_workers_left()
-
-
-def test_resume_with_another_number_of_workers(pipeline):
+def test_same_batches_with_two_workers_and_after_a_resume_with_another_number(pipeline):
+  """As in one process, with 2 workers (1: the fine-tuning test below); the position the
+  2-worker stream saved halfway, resumed with 1 and with 0."""
   stream, batches, states = pipeline
   half = BATCHES // 2
   two = stream(2)
   _assert_equal(batches[:half], _batches(two, half))
   saved = two.get_state()
-  two.close()
   assert saved == states[half]
-  for count in (1, 0):  # the position a 2-worker run saved, resumed with other counts
+  _assert_equal(batches[half:], _batches(two, BATCHES - half))  # saving moved nothing
+  assert two.get_state() == states[-1]
+  two.close()
+  assert _no_workers_left()
+  for count in (1, 0):
     resumed = stream(count, saved)
     _assert_equal(batches[half:], _batches(resumed, BATCHES - half))
     resumed.close()
+  assert _no_workers_left()
 
 
 @pytest.mark.slow
