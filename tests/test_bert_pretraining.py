@@ -39,11 +39,14 @@ def make_documents(num_docs: int, seed: int = 0, max_words: int = 20,
   for _ in range(num_docs):
     num_sentences = 1 if rng.random() < 0.4 else int(rng.integers(2, max_sentences + 1))
     sentences = []
-    for _ in range(num_sentences):
-      words = [[int(rng.integers(5, FIRST_CONTINUATION))]
-               + rng.integers(FIRST_CONTINUATION, VOCAB, rng.choice([0, 0, 1, 2])).tolist()
-               for _ in range(rng.integers(2, max_words + 1))]
-      sentences.append(' '.join(str(token) for word in words for token in word))
+    for num_words in rng.integers(2, max_words + 1, num_sentences):
+      # A word: a first piece, then 0, 0, 1 or 2 continuations (drawn a sentence at a time:
+      # the statistics tests' 3,000 documents took 2.8 s a word at a time).
+      continuations = rng.choice([0, 0, 1, 2], num_words)
+      starts = np.arange(num_words) + np.cumsum(continuations) - continuations
+      tokens = rng.integers(FIRST_CONTINUATION, VOCAB, num_words + continuations.sum())
+      tokens[starts] = rng.integers(5, FIRST_CONTINUATION, num_words)
+      sentences.append(' '.join(map(str, tokens.tolist())))
     documents.append(tuple(sentences))
   return tuple(documents)
 
