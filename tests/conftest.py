@@ -14,13 +14,13 @@ for threads that a worker pinned to one core lacks (FAST_COMPILE). The same HLO,
 the same floating-point semantics (no fast math either way); only the machine
 code differs, and the tests' steps are tiny, so compiling is most of their time
 (the fast tier: 7m03s -> 4m15s on a 2-core Xeon with the first two flags; the
-third took 8% off its test time; docs/testing.md). They are XLA flags of the
-pinned jaxlib, and XLA stops a process on a flag it does not know, so under
-another jaxlib the tests compile with XLA's defaults. Programs that train for
-minutes run FAST_COMPILE's code too slowly: the slow tier's end-to-end
-subprocesses (train.py, the notebooks' kernels, the sweeps) take
-tests/end_to_end.py's environment instead, LLVM at -O1, whose steps run as fast
-as XLA's default -O2 (test_multihost's 2-4-step hosts keep FAST_COMPILE).
+third, with two smaller changes, 6-8% off its test time; docs/testing.md). They
+are XLA flags of the pinned jaxlib, and XLA stops a process on a flag it does
+not know, so under another jaxlib the tests compile with XLA's defaults.
+Programs that train for minutes run FAST_COMPILE's code too slowly: the slow
+tier's end-to-end subprocesses (train.py, the notebooks' kernels, the sweeps)
+take tests/end_to_end.py's environment instead, LLVM at -O1, whose steps run as
+fast as XLA's default -O2 (test_multihost's 2-4-step hosts keep FAST_COMPILE).
 """
 
 import collections

@@ -41,7 +41,7 @@ def make_documents(num_docs: int, seed: int = 0, max_words: int = 20,
     sentences = []
     for num_words in rng.integers(2, max_words + 1, num_sentences):
       # A word: a first piece, then 0, 0, 1 or 2 continuations (drawn a sentence at a time:
-      # the statistics tests' 3,000 documents took 2.8 s a word at a time).
+      # the statistics test's 3,000 documents took 2.8 s a word at a time).
       continuations = rng.choice([0, 0, 1, 2], num_words)
       starts = np.arange(num_words) + np.cumsum(continuations) - continuations
       tokens = rng.integers(FIRST_CONTINUATION, VOCAB, num_words + continuations.sum())
