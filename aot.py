@@ -577,6 +577,11 @@ def main(argv):
   # JAX itself runs on this CPU; the topologies' devices are compile-only (the CUDA plugin
   # would otherwise look for a GPU to run on).
   jax.config.update('jax_platforms', 'cpu')
+  # Its programs are for compile-only devices: with JAX_COMPILATION_CACHE_DIR set, jax writes
+  # them to the cache but cannot read them back without a client of those devices, so every
+  # later run warned and compiled again. Before the first compile, which fixes the choice.
+  if 'jax_enable_compilation_cache' in jax.config.values:
+    jax.config.update('jax_enable_compilation_cache', False)
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   config = cli.loaded_config('aot.py')

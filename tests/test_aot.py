@@ -3,6 +3,9 @@ and jax's CUDA plugin describe the devices. More of the GPU path in test_aot_gpu
 
 import functools
 import math
+import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +20,7 @@ import trainer.checks
 import trainer.phases
 from trainer import hlo
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = {'data_fsdp': (('data', 1), ('fsdp', 4), ('tensor', 1)),
           'tensor': (('data', 2), ('fsdp', 1), ('tensor', 2))}
 FSDP_AND_TENSOR = (('data', 1), ('fsdp', 2), ('tensor', 2))  # the fast tier's one TPU step
@@ -253,3 +257,20 @@ def test_find_max_batch_finds_the_largest_fitting_batch(monkeypatch):
   assert per_device == 17 and config.train.batch_size == 68  # 17 fits in 15.4 GiB, 18 needs 16.1
   assert report['total_bytes'] == pytest.approx(15.4 * aot.GiB)
   assert len(compiled) <= 8  # the search, then the report at 17
+
+
+@pytest.mark.slow  # a process of its own and a compile
+def test_the_command_leaves_a_compilation_cache_alone(tmp_path):
+  """aot.py's programs are for compile-only devices: jax wrote them to a persistent compilation
+  cache (JAX_COMPILATION_CACHE_DIR) that it could not read them back from, and every later run
+  warned and compiled again. The command now writes nothing there."""
+  cache = tmp_path / 'cache'
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache),  # QUIET_LIBTPU: the fixture
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  result = subprocess.run(
+      [sys.executable, 'aot.py', '--config=configs/bert_base.py:tiny', '--topology=v4:2x2x1',
+       '--phase=1', '--config.model.num_layers=1'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'step (estimate)' in result.stdout
+  assert not cache.exists() or not os.listdir(cache)
