@@ -17,8 +17,8 @@ def test_this_runs_programs_are_written_to_the_cache_and_read_back():
   # A program of milliseconds (the eager ops' are cached too), made twice: two functions, so
   # that the second is traced and lowered again, and jax's in-memory caches do not have it.
   program = lambda: lambda x: x * scale + 1.0  # noqa: E731
+  x = jnp.arange(4.0)  # before the listing: its own one-op program may be new too
   before = set(os.listdir(path))
-  x = jnp.arange(4.0)
   expected = np.asarray(jax.jit(program())(x))
   assert set(os.listdir(path)) - before  # written
   events = []
