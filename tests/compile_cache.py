@@ -5,7 +5,8 @@ devices, jaxlib's version and XLA_FLAGS, so a run reads back only programs that 
 changed, and compiles what a change touched. It lives in pytest's own cache directory
 (`.pytest_cache/d/jax_compilation_cache` in the checkout): `pytest --cache-clear` empties it,
 `-p no:cacheprovider` gives a run a fresh one of its own, removed at its end, and a clean clone
-(CI's) starts with it empty. A JAX_COMPILATION_CACHE_DIR already set is used as it is.
+(CI's) starts with it empty. A JAX_COMPILATION_CACHE_DIR already set is used as it is (neither
+pruned nor removed).
 
 Every program is written, the eager ops' one-op programs too (min compile time 0): read back in
 a later run, one takes about 3 ms against 11-17 ms to compile (docs/testing.md).

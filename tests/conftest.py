@@ -98,7 +98,7 @@ def pytest_configure(config):
     else:
       compile_cache.prune(path)
     os.environ['JAX_COMPILATION_CACHE_DIR'] = path
-    os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')  # every program
 
 
 @pytest.fixture
