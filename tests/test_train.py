@@ -245,6 +245,16 @@ def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_
   assert len(again) == 1 and again[0]['results'] == results[0]['results']
   trainer.loop.train_and_evaluate(config, str(tmp_path))  # finished: nothing more is written
   assert len(path.read_text().splitlines()) == len(lines)
+  # Extended to 6 steps and stopped in that final eval: step 4's results are not step 6's.
+  config.train.update(num_steps=6, checkpoint_every=2)
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
+  lines = path.read_text().splitlines()
+  assert [json.loads(line)['step'] for line in lines if '"results"' in line] == [4, 6]
+  path.write_text('\n'.join(line for line in lines
+                            if not ('eval_' in line and json.loads(line)['step'] == 6)) + '\n')
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
+  again = [json.loads(line) for line in path.read_text().splitlines() if '"results"' in line]
+  assert [r['step'] for r in again] == [4, 6]
 
 
 def test_schedule_and_weight_decay_follow_bert():

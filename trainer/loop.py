@@ -316,7 +316,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
             flush=True)
     writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
     progress, start_step = Progress(run, step, stop), step
-    if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir)):
+    if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir, step)):
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
     elif step >= tc.num_steps and jax.process_index() == 0:
       print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '

@@ -27,13 +27,15 @@ def _duration(seconds: float) -> str:
   return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
 
 
-def has_results(workdir: str) -> bool:
-  """Whether the run's metrics.jsonl holds its results line (written after its final eval)."""
+def has_results(workdir: str, step: int) -> bool:
+  """Whether the run's metrics.jsonl holds a results line (written after the final eval) at
+  `step`: a run extended to more steps has its earlier run's results, which are not these."""
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
     return False
   with open(path, encoding='utf-8') as f:
-    return any('"results"' in line and 'results' in json.loads(line) for line in f if line.strip())
+    lines = (json.loads(line) for line in f if '"results"' in line)
+    return any('results' in line and line.get('step') == step for line in lines)
 
 
 def _drop_unfinished_line(path: str) -> None:
