@@ -35,6 +35,7 @@ The summary writes WORKDIR/results.md and results.csv (mean +- sample std over s
 metric's final and best value), learning_curves.png and final_<metric>.png.
 """
 
+import collections
 import csv
 import dataclasses
 import hashlib
@@ -105,11 +106,14 @@ def _flag_value(value) -> str:
   return repr(value) if isinstance(value, (tuple, list)) else str(value)
 
 
-def _slug(items: list[tuple[str, object]], seed: int) -> str:
-  """A run's directory name: its overrides (last field name = value) and seed."""
+def _slug(items: list[tuple[str, object]], seed: int, clashes: bool = False) -> str:
+  """A run's directory name: its overrides (last field name = value) and seed; with a digest of
+  the overrides where the short names alone would not tell its runs apart (`clashes`: another
+  run's overrides give the same name)."""
   parts = [f'{key.rsplit(".", 1)[-1]}={_flag_value(value)}' for key, value in items]
   name = re.sub(r'[^A-Za-z0-9_.,=+-]', '_', ','.join(parts + [f'seed={seed}']))
-  if len(name) > 120 or len(set(k.rsplit('.', 1)[-1] for k, _ in items)) < len(items):
+  if (clashes or len(name) > 120
+      or len(set(k.rsplit('.', 1)[-1] for k, _ in items)) < len(items)):
     digest = hashlib.sha1(repr(items).encode()).hexdigest()[:10]
     name = f'{name[:100]}-{digest}'
   return name
@@ -185,22 +189,36 @@ def expand(sweep: dict, workdir: str) -> list[tuple[str, int, list[Run]]]:
   for (variant, overrides), point in itertools.product(sweep['variants'], list(points)):
     label = ','.join([variant] + [f'{k.rsplit(".", 1)[-1]}={_flag_value(v)}' for k, v in point])
     combos.append((label, list(overrides.items()) + list(point)))
-  expanded = []
+  chains = []  # (label, seed, [(stage, config, its own overrides, every stage's so far)])
   for label, items in combos:
     per_stage = {name: [] for name in names}
     for key, value in items:
       stage, field = _stage_of(key, names, sweep['file'])
       per_stage[stage].append((field, value))
     for seed in sweep['seeds']:
-      runs, upstream, so_far = [], None, []
+      chain, so_far = [], []
       for name, config, base in sweep['stages']:
         own = list({**dict(base), **dict(per_stage[name])}.items())  # a variant's value wins
-        so_far += [(f'{name}.{k}', v) for k, v in per_stage[name]]
-        run = Run(name, config, tuple(own), seed,
-                  os.path.join(workdir, name, _slug(so_far, seed)), upstream)
-        runs.append(run)
-        upstream = run.workdir
-      expanded.append((label, seed, runs))
+        so_far = so_far + [(f'{name}.{k}', v) for k, v in per_stage[name]]
+        chain.append((name, config, own, so_far))
+      chains.append((label, seed, chain))
+  # Runs of the same overrides share a directory (an upstream run is trained once); runs of
+  # different ones must not, where the short names meet (pretrain.x=0 and finetune.x=0 are
+  # both x=0: the second fine-tuning would have been skipped and reported as the first).
+  claims = collections.defaultdict(set)
+  for _, seed, chain in chains:
+    for name, _, _, so_far in chain:
+      claims[name, _slug(so_far, seed)].add(repr(so_far))
+  expanded = []
+  for label, seed, chain in chains:
+    runs, upstream = [], None
+    for name, config, own, so_far in chain:
+      clashes = len(claims[name, _slug(so_far, seed)]) > 1
+      run = Run(name, config, tuple(own), seed,
+                os.path.join(workdir, name, _slug(so_far, seed, clashes)), upstream)
+      runs.append(run)
+      upstream = run.workdir
+    expanded.append((label, seed, runs))
   return expanded
 
 

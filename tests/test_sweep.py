@@ -80,6 +80,25 @@ def test_a_variant_overrides_its_stages_own_setting_once(tmp_path):
       ['--config.data.later_phases=((0.9, 128, 20, False),)']] * 2
 
 
+def test_runs_whose_short_names_meet_get_directories_of_their_own(tmp_path):
+  # pretrain.model.dropout_rate=0.0 and finetune.model.dropout_rate=0.0 are both dropout_rate=0.0:
+  # in one directory, the second variant's fine-tuning was skipped and the table showed the first's.
+  text = TWO_STAGES.replace("axes=(('finetune.optimizer.learning_rate', (1e-4, 3e-4)),),", '')
+  text = text.replace("('no nsp', {'pretrain.data.next_sentence_prediction': False})",
+                      "('pre', {'pretrain.model.dropout_rate': 0.0}), "
+                      "('fine', {'finetune.model.dropout_rate': 0.0})")
+  expanded = sweep.expand(sweep.load_sweep(_write(tmp_path, text)), 'W')
+  finetune = {(label, seed): runs[-1] for label, seed, runs in expanded}
+  assert len({run.workdir for run in finetune.values()}) == len(finetune) == 6
+  assert finetune['pre', 0].init_from != finetune['fine', 0].init_from
+  assert finetune['fine', 0].init_from == finetune['base', 0].init_from == 'W/pretrain/seed=0'
+  # Names that meet no other keep their short form (a sweep's existing directories still resume).
+  assert finetune['base', 1].workdir == 'W/finetune/seed=1'
+  assert [run.workdir.rsplit('-', 1)[0] for run in (finetune['pre', 0], finetune['fine', 0])] == [
+      'W/finetune/dropout_rate=0.0,seed=0'] * 2
+  assert len(sweep.unique_runs(expanded)) == 4 + 6
+
+
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, 'configs', 'sweeps', '*.py')))
 
 
