@@ -264,11 +264,12 @@ def decoder(model: Model, params: Any, source_ids_BS: Array, *, beam_size: int,
 
 
 def _reorder(state: Any, rows_N: Array) -> Any:
-  """Beam rows of the decoding state; scanned decoder layers keep their cache rows on axis 1."""
+  """Beam rows of the decoding state; scanned decoder layers keep their cache rows on axis 1,
+  and their cache index one per layer (a vector, which has no rows)."""
   def gather(path, x):
-    if not jnp.ndim(x):
-      return x
     scanned = any(getattr(k, 'key', None) == 'layers' for k in path)
+    if jnp.ndim(x) <= (1 if scanned else 0):  # a cache index
+      return x
     return x[:, rows_N] if scanned else x[rows_N]
   return jax.tree_util.tree_map_with_path(gather, state)
 

@@ -181,6 +181,26 @@ def test_cached_decoding_equals_recomputation(scan):
     np.testing.assert_allclose(logits, expected[:, t], atol=1e-3, rtol=1e-4)  # logits up to ~40
 
 
+def test_beam_search_under_scanned_layers_equals_unscanned():
+  # Scanned layers keep one cache index per layer: reordering the beams indexed it as rows and
+  # stopped every beam search (the BLEU evals, translate.py) of a model with scan_layers=True.
+  source = _ids(2, 6, seed=2).at[1, 4:].set(0)
+  unrolled = jax.tree.map(lambda x: 2 * x if x.ndim > 1 else x, _params(  # beams that reorder
+      transformer.Model(_config()), {'source_ids': source, 'target_input_ids': _ids(2, 5)}))
+  scanned = {'token_embed': unrolled['token_embed']}
+  for side in ('encoder', 'decoder'):
+    scanned[side] = {'layers': {'block': jax.tree.map(
+        lambda *xs: jnp.stack(xs), unrolled[side]['layer_0'], unrolled[side]['layer_1'])}}
+  found = []
+  for scan, params in ((False, unrolled), (True, scanned)):
+    step, state, reorder = transformer.decoder(transformer.Model(_config(scan_layers=scan)),
+                                               params, source, beam_size=3, max_length=6)
+    found.append(decoding.beam_search(step, state, 2, beam_size=3, bos_id=BOS, eos_id=EOS,
+                                      max_length=6, reorder=reorder))
+  np.testing.assert_array_equal(found[0][0], found[1][0])
+  np.testing.assert_allclose(found[0][1], found[1][1], rtol=1e-5)  # the scores: the cache's rows
+
+
 @pytest.mark.slow  # the fast tier checks the shared beam search on CoVe (tests/test_cove.py)
 def test_beam_of_one_is_greedy_search():
   model = transformer.Model(_config())
