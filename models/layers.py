@@ -70,6 +70,18 @@ def truncated_normal(stddev: float) -> Initializer:
   return nn.initializers.truncated_normal(stddev)
 
 
+def as_matrix(init: Initializer, in_axes: int) -> Initializer:
+  """`init` drawn for the kernel as the matrix it multiplies by: its first `in_axes` axes the
+  inputs, the rest the outputs. A fan-based initializer (Glorot) then counts the fans of that
+  matrix: given a (D, H, K) kernel as it is, flax's takes the last two axes as the fans and D as
+  a receptive field (the Transformer's query kernel came out 6x too small at 512 x 8 x 64).
+  Normal and truncated-normal draws are the same values either way."""
+  def init_matrix(key, shape, dtype=jnp.float32):
+    inputs = math.prod(shape[:in_axes])
+    return init(key, (inputs, math.prod(shape) // inputs), dtype).reshape(shape)
+  return init_matrix
+
+
 def _einsum_as_matmul(equation: str, x: Array, kernel: Array) -> Array:
   """einsum(equation, x, kernel); as one 2-D matmul when x's last axes contract with the
   kernel's first ones and the output is x's other axes, then the kernel's ('BLD,DHK->BLHK',
@@ -462,12 +474,13 @@ class MultiHeadAttention(nn.Module):
     gpu_call = isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel in ('cudnn', 'triton')
     proj = lambda name: Einsum(  # noqa: E731
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
-        kernel_init=init, dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
+        kernel_init=as_matrix(init, 1), dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
+    out = lambda: Einsum(  # noqa: E731
+        'BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'), kernel_init=as_matrix(init, 2),
+        dtype=self.dtype, name='out')
     if (gpu_call and mask_B11S.kernel == 'triton' and kv_BSD is x_BLD and not self.decode
         and flash_dropout.reads_in_place(x_BLD.shape[1], K)):
-      out_BLHK = self._fused_self_attention(proj, x_BLD, mask_B11S, deterministic)
-      return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
-                    kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
+      return out()(self._fused_self_attention(proj, x_BLD, mask_B11S, deterministic))
     q_BLHK = proj('query')(x_BLD)
     k_BSHK = proj('key')(kv_BSD)
     v_BSHK = proj('value')(kv_BSD)
@@ -486,8 +499,7 @@ class MultiHeadAttention(nn.Module):
       out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B11S)
     else:
       out_BLHK = self._attend_with_dropout(q_BLHK, k_BSHK, v_BSHK, mask_B11S)
-    return Einsum('BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'),
-                  kernel_init=init, dtype=self.dtype, name='out')(out_BLHK)
+    return out()(out_BLHK)
 
   def _fused_self_attention(self, proj, x_BLD: Array, mask: SegmentMask,
                             deterministic: bool) -> Array:
