@@ -12,7 +12,9 @@ On an unlabeled training batch (no 'labels' in it, sec. 2) the model runs
 the encoder twice: once without dropout for the primary module's soft
 targets (the teacher, behind a stop-gradient), once with dropout for the
 auxiliary modules (the students). Labeled training batches use the primary
-module alone, with dropout on the encoder and on the module's input. One
+module alone. Dropout is cvt_text's: on the encoder's input and on each LSTM
+layer's output (its DropoutWrapper), at the rate of the batch (labeled or
+unlabeled); the modules read those states with no dropout of their own. One
 primary module and one set of auxiliary modules per task (sec. 3.3).
 
 Shape letters: B batch, L tokens, X a feature width, H the prediction
@@ -146,12 +148,11 @@ class Model(nn.Module):
     self.primary = [module(n, f'task_{t}_primary') for t, n in enumerate(cfg.num_labels)]
     self.auxiliary = [{view: module(n, f'task_{t}_{view}') for view in AUX_VIEWS}
                       for t, n in enumerate(cfg.num_labels)]
-    self.labeled_dropout = Dropout(cfg.labeled_dropout_rate)
-    self.unlabeled_dropout = Dropout(cfg.unlabeled_dropout_rate)
 
-  def _primary(self, h1_fw, h1_bw, h2, deterministic) -> tuple[Array, ...]:
+  def _primary(self, h1_fw, h1_bw, h2) -> tuple[Array, ...]:
+    # The encoder's states are dropped out already (cvt_text's DropoutWrapper on each LSTM's
+    # output): the modules read them as they are, with no dropout of their own.
     x_BLX = jnp.concatenate([h1_fw, h1_bw, h2], axis=-1)
-    x_BLX = self.labeled_dropout(x_BLX, deterministic=deterministic)
     return tuple(module(x_BLX) for module in self.primary)
 
   def __call__(self, batch: Mapping[str, Array], *, deterministic: bool = True
@@ -159,17 +160,16 @@ class Model(nn.Module):
     cfg = self.config
     if 'labels' in batch and not deterministic:  # a labeled training batch
       h = self.encoder(batch, cfg.labeled_dropout_rate, False)
-      return {'primary_logits': self._primary(*h, deterministic=False)}
+      return {'primary_logits': self._primary(*h)}
     # Eval, or the teacher of an unlabeled batch: no dropout anywhere.
     h = self.encoder(batch, 0.0, True)
-    outputs = {'primary_logits': self._primary(*h, deterministic=True)}
+    outputs = {'primary_logits': self._primary(*h)}
     if deterministic and not self.is_initializing():
       return outputs
     outputs['primary_logits'] = jax.lax.stop_gradient(outputs['primary_logits'])
     # The students: another pass with dropout, each module on its restricted view.
     h1_fw, h1_bw, _ = self.encoder(batch, cfg.unlabeled_dropout_rate, deterministic)
-    inputs = {view: self.unlabeled_dropout(x, deterministic=deterministic)
-              for view, x in views(h1_fw, h1_bw).items()}
+    inputs = views(h1_fw, h1_bw)
     outputs['aux_logits'] = tuple({view: modules[view](inputs[view]) for view in AUX_VIEWS}
                                   for modules in self.auxiliary)
     return outputs

@@ -37,10 +37,28 @@ def setup():
 
 
 def _apply(model):
+  """The training forward, jitted; its outputs hold each prediction module's input as well
+  ('module_inputs', by module name)."""
   @jax.jit
   def apply(params, batch, rng):
-    return model.apply({'params': params}, batch, deterministic=False, rngs={'dropout': rng})
+    inputs = {}
+
+    def record(next_fun, args, kwargs, context):
+      if isinstance(context.module, cvt.PredictionModule):
+        inputs[context.module.name] = args[0]
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+      out = model.apply({'params': params}, batch, deterministic=False, rngs={'dropout': rng})
+    return {**out, 'module_inputs': inputs}
   return apply
+
+
+def _dropped(outputs, module_names):
+  """The share of zeros in those modules' inputs over the real tokens of _batch."""
+  real_BL = np.arange(L)[None] < LENGTHS[:, None]
+  return np.mean([np.asarray(out['module_inputs'][name])[real_BL] == 0
+                  for out in outputs for name in module_names])
 
 
 def test_param_tree_and_output_shapes(setup):
@@ -120,6 +138,9 @@ def test_teacher_has_no_dropout_and_students_do(setup):
     np.testing.assert_array_equal(first['primary_logits'][t], clean['primary_logits'][t])
     np.testing.assert_array_equal(second['primary_logits'][t], clean['primary_logits'][t])
     assert not np.allclose(first['aux_logits'][t]['forward'], second['aux_logits'][t]['forward'])
+  # Once, at the unlabeled rate 0.2 (cvt_text: keep 0.8 on each LSTM's output, none at the
+  # modules' input; a second dropout there made it 0.36). 240 values.
+  assert abs(_dropped([first, second], ('task_0_forward', 'task_0_backward')) - 0.2) < 0.1
 
 
 def test_primary_dropout_only_on_labeled_batches(setup):
@@ -128,6 +149,8 @@ def test_primary_dropout_only_on_labeled_batches(setup):
   first, second = apply(params, batch, jax.random.key(1)), apply(params, batch, jax.random.key(2))
   assert 'aux_logits' not in first
   assert not np.allclose(first['primary_logits'][0], second['primary_logits'][0])
+  # Once, at the labeled rate 0.5 (a second dropout at the module's input made it 0.75). 360 values.
+  assert abs(_dropped([first, second], ('task_0_primary',)) - 0.5) < 0.1
 
 
 def test_config_errors_are_one_line():
