@@ -210,8 +210,8 @@ def _output_layer_forward(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR
 
   def chunk(grads, xs):
     x_RD, targets_R, weights_R = xs
-    # Rows of weight 0 out of dtable = g.T @ x: 0 x a non-finite state would be NaN.
-    x_RD = jnp.where((weights_R != 0)[:, None], x_RD, jnp.zeros((), x_RD.dtype))
+    # Every row's statistics from its own state, as the primal's: a row of loss weight 0 may
+    # still be counted in the metrics (GPT fine-tuning's lm_loss at lm_coef=0).
     logits_RV = _chunk_logits(vocab, x_RD, table_VD, bias_V)
     nll_R, correct_R, lse_R = _chunk_stats(
         logits_RV, _target_logits(x_RD, table_VD, bias_V, targets_R), targets_R)
@@ -222,7 +222,9 @@ def _output_layer_forward(vocab, x_CRD, table_VD, bias_V, targets_CR, weights_CR
     dtable_VD, dbias_V = grads
     dbias_V = None if dbias_V is None else dbias_V + layers.column_sum(g_RV)
     g_RV = g_RV.astype(x_RD.dtype)  # the logits' gradient in the compute dtype, as autodiff's
-    dtable_VD = dtable_VD + jnp.matmul(g_RV.T, x_RD, preferred_element_type=jnp.float32)
+    # Rows of weight 0 out of dtable = g.T @ x: 0 x a non-finite state would be NaN.
+    x_counted_RD = jnp.where(counted_R[:, None], x_RD, jnp.zeros((), x_RD.dtype))
+    dtable_VD = dtable_VD + jnp.matmul(g_RV.T, x_counted_RD, preferred_element_type=jnp.float32)
     dx_RD = jnp.matmul(g_RV, table_VD, preferred_element_type=jnp.float32).astype(x_RD.dtype)
     loss = jnp.where(counted_R, nll_R * weights_R, 0.0).sum()
     return (dtable_VD, dbias_V), (loss, nll_R, correct_R, dx_RD)

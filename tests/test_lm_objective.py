@@ -238,6 +238,20 @@ def test_rows_of_weight_zero_get_no_gradient_even_when_not_finite(monkeypatch):
   np.testing.assert_array_equal(np.asarray(grads[0][0, 1]), 0.0)
 
 
+def test_rows_of_weight_zero_keep_their_statistics_under_the_gradient():
+  # GPT fine-tuning at lm_coef=0 weights every LM row 0 in the loss but counts them in lm_loss:
+  # under value_and_grad they read as states of zeros (log V at no bias) where the loss ran.
+  x, table, bias_v, targets, weights = _output_layer_case()
+  zero = jnp.zeros_like(weights)
+  primal = lm.output_layer_loss(x, table, None, targets, zero)
+  (_, under_grad), _ = jax.value_and_grad(
+      lambda x: (lambda out: (out[0], out[1:]))(lm.output_layer_loss(x, table, None, targets, zero)),
+      has_aux=True)(x)
+  np.testing.assert_allclose(under_grad[0], primal[1], rtol=1e-6)  # per-token NLL
+  np.testing.assert_array_equal(under_grad[1], primal[2])  # correct
+  assert not np.allclose(primal[1], np.log(table.shape[0]))
+
+
 def test_the_compiled_gradient_never_holds_the_whole_logits():
   """No array of the step is as large as the (X, V) logits: 4,096 rows x 1,000 words in 8
   chunks, forward and backward."""
