@@ -165,9 +165,18 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
   config.optimizer.name = 'sgd'
   with pytest.raises(ValueError, match='optimizer.name=adagrad and this config has sgd'):
     checks.check_run_directories(config, str(tmp_path / 'elmo'))
-  # What may change on resuming (rates, dtype, the number of steps) is no other run.
+  config = bert_config('tiny')
+  config.optimizer.clip_norm = 0.0  # no clipping: optax.chain's state no longer
+  with pytest.raises(ValueError, match=re.escape(
+      'optimizer.clip_norm=1.0 and this config has 0.0: clipping on or off is another optimizer '
+      'state, so it cannot resume it: pass a new --workdir for this run, or set '
+      '--config.optimizer.clip_norm to a positive one to resume that run.')):
+    checks.check_run_directories(config, str(tmp_path / 'bert'))
+  # What may change on resuming (rates, dtype, the number of steps, the clipping threshold) is
+  # no other run.
   config = bert_config('tiny')
   config.model.dropout_rate, config.train.num_steps, config.model.dtype = 0.0, 900, 'float32'
+  config.optimizer.clip_norm = 0.5
   checks.check_run_directories(config, str(tmp_path / 'bert'))
   # A run that stopped before its first checkpoint (only a save's temporary directory) is
   # started afresh with any optimizer.

@@ -187,6 +187,14 @@ def check_workdir(config, workdir: str) -> None:
                        f'{saved[part][field]} and this config has {ours}, so it cannot resume '
                        f'it: {new_workdir}, or set --config.{part}.{field}='
                        f'{saved[part][field]} to resume that run.')
+  # Clipping on or off is another optimizer state (optax.chain's); its threshold may change.
+  theirs, ours = saved.get('optimizer', {}).get('clip_norm'), config.optimizer.get('clip_norm')
+  if theirs is not None and ours is not None and bool(theirs) != bool(ours):
+    fix = 'a positive one' if theirs else '0'
+    raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with optimizer.clip_norm='
+                     f'{theirs} and this config has {ours}: clipping on or off is another '
+                     f'optimizer state, so it cannot resume it: {new_workdir}, or set '
+                     f'--config.optimizer.clip_norm to {fix} to resume that run.')
 
 
 def check_resumable_params(config, workdir: str, params: Any) -> None:
