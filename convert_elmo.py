@@ -233,6 +233,8 @@ def our_config(m: dict, vocab_size: int):
   config.model.num_sampled = min(config.model.num_sampled, vocab_size)
   config.data.max_characters_per_token = m['max_characters_per_token']
   config.data.vocab_file = ''
+  # Trained on lm1b's tokens; bilm-tf and allennlp read a sentence's words split at spaces.
+  config.data.split_words = 'spaces'
   config.train.num_steps = 0  # the release is the whole of this workdir's training
   return config
 

@@ -13,7 +13,7 @@ ELMo (Peters et al. 2018, sec. 3.2), from a configs/elmo.py run:
 One sentence per line (empty lines are skipped), split into words as the
 pretraining text was. Each sentence becomes one dataset named by its line's
 index among the non-empty lines ("0", "1", ...), as bilm-tf's
-dump_bilm_embeddings does: --layers=all (the default) gives (2L+1, n, 2D)
+dump_bilm_embeddings does: --layers=all (the default) gives (L+1, n, 2D)
 float32 (the token layer duplicated, then each LSTM layer's [forward;
 backward]); top gives the top layer (n, 2D); average the equal-weight mix
 (n, 2D). The <S> and </S> the biLM reads around the sentence are left out.
@@ -115,7 +115,7 @@ def representations(model: elmo.Model, params, vocab, config, sentences: list[st
     return {'all': layers_BJLX, 'top': layers_BJLX[:, -1],
             'average': layers_BJLX.mean(axis=1)}[layers]
 
-  framed = [vocab.sentence(words_lib.word_tokens(s), width) for s in sentences]
+  framed = [vocab.sentence(vocab.words_of(s), width) for s in sentences]
   # Sorted by length, so a batch pads little.
   order = sorted(range(len(sentences)), key=lambda i: len(framed[i][0]))
   results = [None] * len(sentences)
@@ -405,7 +405,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'Workdir of an ELMo, CoVe or BERT training run.')
   flags.DEFINE_string('input', None, 'Text file, one sentence per line (BERT: or "A ||| B").')
   flags.DEFINE_string('output', None, 'Output file: .h5/.hdf5 (hdf5) or .npz.')
-  flags.DEFINE_string('layers', '', 'ELMo: all (2L+1, n, 2D; the default), top or average '
+  flags.DEFINE_string('layers', '', 'ELMo: all (L+1, n, 2D; the default), top or average '
                       f'(n, 2D). BERT: layer indices, 0 = the embeddings (default {BERT_LAYERS}).')
   flags.DEFINE_string('combine', '', f'BERT: one (n, X) array per line: {", ".join(COMBINE)}.')
   flags.DEFINE_integer('max_seq_length', None, 'BERT: tokens per line, [CLS] and [SEP] included '

@@ -2,7 +2,8 @@
 
     python train.py --config=configs/elmo.py:tiny --workdir=runs/elmo_tiny
     python train.py --config=configs/elmo.py --workdir=runs/elmo \
-        --config.data.source=tfds --config.data.tfds_name=lm1b   # the paper's size and data
+        --config.data.source=tfds --config.data.tfds_name=lm1b \
+        --config.data.split_words=spaces                          # the paper's size and data
     python extract_features.py --workdir=runs/elmo_tiny --input=sentences.txt --output=features.h5
 
 Every field can be overridden, e.g. `--config.model.num_sampled=0` (full softmax).
@@ -62,6 +63,9 @@ def data_config(v: dict) -> ml_collections.ConfigDict:
   data.tokenizer = 'words'  # a word vocabulary for the softmax, characters for the input
   data.vocab_file = ''  # words.txt, one word per line; empty learns one from the training text
   data.lower_case = False  # ELMo is cased
+  # 'punctuation' splits raw text's punctuation off its words; 'spaces' keeps the tokens of text
+  # tokenized already (lm1b, as bilm-tf reads it; a converted release's input).
+  data.split_words = 'punctuation'
   data.max_seq_length = v['max_seq_length']  # tokens per window (bilm-tf's unroll_steps)
   data.max_characters_per_token = 50
   data.docs_per_chunk = 2000  # windows are cut and shuffled within chunks of documents

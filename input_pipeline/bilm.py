@@ -67,7 +67,7 @@ def build_rows(documents: list[list[str]], rng: np.random.Generator, *,
                vocab: words_lib.WordVocab, length: int, max_characters: int) -> Batch:
   """All rows of one chunk of documents: framed sentences in order, cut, then shuffled."""
   sentences = [words for document in documents for sentence in document
-               if (words := words_lib.word_tokens(sentence))]
+               if (words := vocab.words_of(sentence))]
   token_ids, char_ids, _ = vocab.frame_sentences(sentences, max_characters)
   rows = stream_rows(token_ids, char_ids, length)
   order = rng.permutation(len(rows['lengths']))

@@ -107,7 +107,7 @@ def unlabeled_rows(documents: list[list[str]], rng: np.random.Generator, *,
                    vocab: words_lib.WordVocab, length: int, max_characters: int) -> Batch:
   """One framed row per sentence of a chunk of documents, shuffled."""
   sentences = [words[:length - 2] for document in documents for s in document
-               if (words := words_lib.word_tokens(s))]
+               if (words := vocab.words_of(s))]
   token_ids, char_ids, lengths = vocab.frame_sentences(sentences, max_characters)
   starts = np.cumsum(lengths) - lengths
   col = np.arange(length)

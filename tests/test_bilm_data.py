@@ -50,9 +50,12 @@ def test_word_tokens_split_punctuation_and_keep_pretokenized_words():
   assert words_lib.word_tokens('Dr. Smith\'s "state-of-the-art" os.path (v3.11), e.g. 50%!') == [
       'Dr', '.', "Smith's", '"', 'state-of-the-art', '"', 'os.path', '(', 'v3.11', ')', ',',
       'e.g.', '50', '%', '!']
-  # lm1b / CoNLL tokens stay whole.
-  assert words_lib.word_tokens("The U.S. ca n't say it 's 1.5 -- done .") == [
-      'The', 'U.S.', 'ca', "n't", 'say', 'it', "'s", '1.5', '-', '-', 'done', '.']
+  # Some pre-tokenized tokens stay whole, others not: such text is read with 'spaces'.
+  text = "The U.S.-based firm ca n't say it 's 1,000 ... in the '90s -- done ."
+  assert words_lib.word_tokens(text) == [
+      'The', 'U.S.', '-', 'based', 'firm', 'ca', "n't", 'say', 'it', "'s", '1', ',', '000', '.',
+      '.', '.', 'in', 'the', "'", '90s', '-', '-', 'done', '.']
+  assert words_lib.word_tokens(text, 'spaces') == text.split()
 
 
 def test_learned_vocab_has_the_specials_then_words_by_frequency(vocab, tmp_path):
@@ -131,6 +134,25 @@ def test_get_tokenizer_learns_caches_and_reloads_words(tmp_path, monkeypatch):
   cfg.tokenizer = 'chars'
   with pytest.raises(ValueError, match="or 'words' \\(ELMo\\)"):
     sources.get_tokenizer(cfg, 50)
+
+
+def test_text_tokenized_already_keeps_its_tokens_in_the_vocabulary_and_the_rows(tmp_path):
+  # lm1b's '1,000' is one word to bilm-tf: data.split_words='spaces' learns it as one, in a
+  # vocabulary cached apart from the punctuation-split one, and reads the rows the same way.
+  cfg = data_config(tmp_path, [['It cost 1,000 dollars .'], ['1,000 more .']],
+                    split_words='spaces')
+  vocab = sources.get_tokenizer(cfg, 50)
+  assert vocab.vocab_file.endswith('-words-50-cased-spaces.txt') and '1,000' in vocab.words
+  rows = bilm.build_rows([['1,000 more .']], _InOrder(), vocab=vocab, length=5,
+                         max_characters=8)
+  assert [vocab.word(i) for i in rows['token_ids'][0]] == ['<S>', '1,000', 'more', '.', '</S>']
+  saved = tmp_path / 'run'
+  saved.mkdir()
+  (saved / 'words.txt').write_text('<S>\n</S>\n<UNK>\n1,000\n')
+  assert input_pipeline.get_tokenizer(cfg, 50, str(saved)).encode('1,000 x') == [3, 2]
+  cfg.split_words = 'regex'
+  with pytest.raises(ValueError, match="data.split_words='regex': use 'punctuation'"):
+    bilm.check_config(ml_collections.ConfigDict({'data': cfg, 'train': {'batch_size': 2}}))
 
 
 # Windows of the sentence stream (bilm.py).

@@ -33,7 +33,7 @@ def draw(seed, vocab_size, num_sampled, unique, draws):
 def example(seed=0, garbage=np.nan):
   """Outputs and batch of B rows with LENGTHS; padding states hold `garbage`, padding ids are random."""
   rng = np.random.default_rng(seed)
-  token_ids = rng.integers(0, V, (B, L)).astype(np.int32)
+  token_ids = rng.integers(3, V, (B, L)).astype(np.int32)  # words: no sentence boundary (below)
   forward = rng.normal(size=(B, L, D)).astype(np.float32)
   backward = rng.normal(size=(B, L, D)).astype(np.float32)
   padding = np.arange(L)[None, :] >= LENGTHS[:, None]
@@ -85,6 +85,19 @@ def test_full_softmax_loss_matches_numpy_and_ignores_padding():
   # The last position of a row has no next token, the first no previous one.
   assert not np.asarray(grads['forward_states'])[0, L - 1].any()
   assert not np.asarray(grads['backward_states'])[0, 0].any()
+
+
+def test_no_target_across_a_sentence_boundary():
+  # bilm-tf's batcher never feeds a sentence's last token: <S> a b </S> has the forward targets
+  # a b </S> and the backward ones (reversed stream) <S> a b; n + 1 each. Which token follows a
+  # </S>, or comes before a <S>, is no target: in a stream of framed sentences it is certain.
+  S, E = 0, 1  # <S>, </S>
+  ids = np.array([[S, 3, 4, E, S, 5, E]], np.int32)
+  targets = bilm.direction_targets(jnp.asarray(ids), jnp.array([7]))
+  forward, valid = (np.asarray(x)[0] for x in targets['forward'])
+  backward, back_valid = (np.asarray(x)[0] for x in targets['backward'])
+  assert forward[valid].tolist() == [3, 4, E, 5, E] and not valid[3]
+  assert backward[back_valid].tolist() == [S, 3, 4, S, 5] and not back_valid[4]
 
 
 def test_every_class_sampled_once_is_the_full_softmax():

@@ -89,10 +89,11 @@ def test_every_layer_matches_bilm_tf(converted, variant):
 def test_extract_features_reads_the_converted_workdir(converted, tmp_path):
   """extract_features.py on the converted release gives bilm-tf's layers of each sentence."""
   ref = _reference('plain')
-  # The sentences our word splitter leaves as bilm-tf was given them.
-  rows = [i for i, words in enumerate(_sentences())
-          if words_lib.word_tokens(' '.join(words)) == words][:4]
-  assert len(rows) == 4
+  # Its words are split at spaces, as bilm-tf was given them: sentence 10's 'al.' too, which
+  # the split for raw text cuts in two (a vector too many, and the rest shifted).
+  rows = [0, 1, 2, 10]
+  words = _sentences()[10]
+  assert words_lib.word_tokens(' '.join(words), 'punctuation') != words
   source = tmp_path / 'sentences.txt'
   source.write_text('\n'.join(' '.join(_sentences()[i]) for i in rows) + '\n', encoding='utf-8')
   output = str(tmp_path / 'features.npz')

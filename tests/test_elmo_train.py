@@ -75,8 +75,10 @@ def test_tiny_bilm_perplexity_falls(pretrained, data_dir):
         f"backward {evals[-1]['eval_backward_perplexity']:.0f}; unigram {unigram:.0f}")
   assert last['step'] == 300
   assert last['perplexity'] < first['perplexity'] / 4
+  # Measured: forward 232, backward 221 against 386 (0.60, 0.57). Before the targets across a
+  # sentence boundary were dropped (certain ones, which the unigram model never had): 164, 159.
   for direction in ('forward', 'backward'):
-    assert evals[-1][f'eval_{direction}_perplexity'] < 0.6 * unigram
+    assert evals[-1][f'eval_{direction}_perplexity'] < 0.7 * unigram
 
 
 @pytest.mark.slow

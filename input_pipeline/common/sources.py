@@ -411,7 +411,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
     if not os.path.isfile(os.path.join(saved_dir, file_name)):
       raise ValueError(f'{saved_dir} has no {file_name}: it was not trained with '
                        f'data.tokenizer={kind!r}; set data.tokenizer to match its config.json.')
-    return tokenizer_class(os.path.join(saved_dir, file_name), data_cfg.lower_case)
+    return _open(tokenizer_class, os.path.join(saved_dir, file_name), data_cfg)
   if data_cfg.vocab_file:
     if not os.path.isfile(data_cfg.vocab_file):
       raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} does not exist: point it '
@@ -419,8 +419,10 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
     if data_cfg.vocab_file.endswith('.json') != (kind == 'bpe'):
       raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is not a {kind} {file_name}:'
                        ' point it at one, or change data.tokenizer to match the file.')
-    return tokenizer_class(data_cfg.vocab_file, data_cfg.lower_case)
+    return _open(tokenizer_class, data_cfg.vocab_file, data_cfg)
   casing = 'uncased' if data_cfg.lower_case and kind != 'words' else 'cased'
+  if kind == 'words' and words_lib.split_of(data_cfg) != 'punctuation':
+    casing += f'-{words_lib.split_of(data_cfg)}'  # other words, another vocabulary
   extension = os.path.splitext(file_name)[1]
   path = os.path.join(default_data_dir(data_cfg), 'vocab',
                       f'{_source_key(data_cfg)}-{kind}-{vocab_size}-{casing}{extension}')
@@ -433,7 +435,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                                 data_cfg.lower_case, path)
     elif kind == 'words':
       words_lib.learn_word_vocab(itertools.islice(sentences, WORD_VOCAB_MAX_SENTENCES),
-                                 vocab_size, path)
+                                 vocab_size, path, words_lib.split_of(data_cfg))
     else:
       # Whole documents, as packed_lm encodes them: a sentence's first word then
       # has the leading space it has in the model's input.
@@ -441,6 +443,13 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                               data_cfg.lower_case, path)
     logging.info('Learned a %s vocabulary of %d tokens in %.1f s: %s', kind, vocab_size,
                  time.time() - started, path)
+  return _open(tokenizer_class, path, data_cfg)
+
+
+def _open(tokenizer_class, path: str, data_cfg: ml_collections.ConfigDict):
+  """The vocabulary at `path`; a word vocabulary reads texts as data.split_words says."""
+  if tokenizer_class is words_lib.WordVocab:
+    return words_lib.WordVocab(path, split=words_lib.split_of(data_cfg))
   return tokenizer_class(path, data_cfg.lower_case)
 
 

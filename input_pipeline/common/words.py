@@ -29,6 +29,7 @@ from input_pipeline.common import tokenizer as tokenizer_lib
 
 BOS, EOS, UNK = '<S>', '</S>', '<UNK>'
 SPECIAL_WORDS = (BOS, EOS, UNK)
+BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_WORDS))  # their ids in every vocabulary
 NUM_CHARACTERS = 262
 PAD_CHAR, BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, WORD_PAD_CHAR = 0, 257, 258, 259, 260, 261
 
@@ -40,24 +41,43 @@ _WORD = re.compile(r"(?:[^\W\d_]\.){2,}|\w+(?:[-'.]\w+)*|'(?:s|re|ve|ll|m|d)\b|[
                    re.IGNORECASE)
 
 
+# data.split_words: how a text becomes words. 'punctuation' for raw text (the embedded corpus,
+# local files of prose); 'spaces' for text tokenized already (lm1b, the text a released ELMo
+# reads: bilm-tf and allennlp split at spaces alone).
+SPLITS = ('punctuation', 'spaces')
+
+
+def split_of(data_cfg) -> str:
+  """data.split_words, checked (absent: 'punctuation')."""
+  split = data_cfg.get('split_words', 'punctuation')
+  if split not in SPLITS:
+    raise ValueError(f'data.split_words={split!r}: use \'punctuation\' (raw text) or '
+                     "'spaces' (text tokenized already, as lm1b and a released ELMo's input).")
+  return split
+
+
 def check_tokenizer(data_cfg) -> None:
   """ELMo's pipelines read words and characters: data.tokenizer must be 'words'."""
   if data_cfg.get('tokenizer') != 'words':
     raise ValueError(f'data.pipeline={data_cfg.pipeline!r} needs data.tokenizer=\'words\' (a '
                      f'word vocabulary and character ids), not {data_cfg.get("tokenizer")!r}: '
                      "set --config.data.tokenizer=words.")
+  split_of(data_cfg)
 
 
-def word_tokens(text: str) -> list[str]:
-  """The words of a text: split at spaces, with punctuation split off as words of its own.
+def word_tokens(text: str, split: str = 'punctuation') -> list[str]:
+  """The words of a text.
 
-  lm1b and CoNLL are already tokenized this way (Penn Treebank style), and
-  their tokens stay whole ('U.S.', "n't", "'s", '1.5'); raw text such as the
-  embedded corpus gets its punctuation split off ('end.' -> 'end', '.'),
-  so that 'end' and 'end.' are one vocabulary entry. Quotes, brackets and
-  runs of punctuation become single characters.
+  'spaces': the text's tokens as they are, split at white space (bilm-tf's
+  and allennlp's reading of pre-tokenized text: lm1b's '1,000', '...',
+  'U.S.-based', "'90s" stay whole). 'punctuation': split at spaces, with
+  punctuation split off as words of its own, so that raw text such as the
+  embedded corpus gives 'end' for 'end.' and one vocabulary entry for both;
+  single-letter abbreviations ('U.S.'), inner hyphens, apostrophes and
+  periods ("don't", '3.14') and English clitics ("'s") stay whole, other
+  punctuation becomes single characters ('1,000' -> '1', ',', '000').
   """
-  return _WORD.findall(text)
+  return text.split() if split == 'spaces' else _WORD.findall(text)
 
 
 def char_ids(words: Sequence[str], max_characters: int) -> np.ndarray:
@@ -109,14 +129,15 @@ class WordVocab:
 
   FILE_NAME = 'words.txt'
 
-  def __init__(self, vocab_file: str, lower_case: bool = False):
+  def __init__(self, vocab_file: str, lower_case: bool = False, split: str = 'punctuation'):
     del lower_case  # ELMo is cased; the argument keeps the constructor of the other tokenizers
     self.vocab_file = vocab_file
     self.lower_case = False
+    self.split = split  # data.split_words: how words_of reads a text
     self._words = _read_words(vocab_file)
     self._ids = {word: i for i, word in enumerate(self._words)}
     self.vocab_size = len(self._words)
-    self.bos_id, self.eos_id, self.unk_id = range(len(SPECIAL_WORDS))
+    self.bos_id, self.eos_id, self.unk_id = BOS_ID, EOS_ID, UNK_ID
     self.pad_id = 0  # padding positions also hold <S>'s id; lengths say where rows end
 
   def ids(self, words: Iterable[str]) -> np.ndarray:
@@ -131,9 +152,13 @@ class WordVocab:
     """Every entry, in id order."""
     return list(self._words)
 
+  def words_of(self, text: str) -> list[str]:
+    """The words of a text, split as this vocabulary's training text was (data.split_words)."""
+    return word_tokens(text, self.split)
+
   def encode(self, text: str) -> list[int]:
     """Word ids of a text, no sentence markers added."""
-    return self.ids(word_tokens(text)).tolist()
+    return self.ids(self.words_of(text)).tolist()
 
   def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
     """Word ids of each text (encode)."""
@@ -154,20 +179,21 @@ class WordVocab:
     return self.ids(framed), char_ids(framed, max_characters), lengths
 
 
-def count_words(texts: Iterable[str]) -> collections.Counter:
+def count_words(texts: Iterable[str], split: str = 'punctuation') -> collections.Counter:
   """How often each word of the texts occurs, in order of first appearance."""
   counts = collections.Counter()
   for text in texts:
-    counts.update(word_tokens(text))
+    counts.update(word_tokens(text, split))
   return counts
 
 
-def learn_word_vocab(texts: Iterable[str], vocab_size: int, path: str) -> str:
+def learn_word_vocab(texts: Iterable[str], vocab_size: int, path: str,
+                     split: str = 'punctuation') -> str:
   """Writes the specials and the vocab_size - 3 most frequent words of the texts; returns path.
 
   Fewer lines when the texts have fewer distinct words.
   """
-  return write_word_vocab(count_words(texts), vocab_size, path)
+  return write_word_vocab(count_words(texts, split), vocab_size, path)
 
 
 def write_word_vocab(counts: collections.Counter, vocab_size: int, path: str) -> str:
