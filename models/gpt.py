@@ -143,8 +143,10 @@ class Model(nn.Module):
       logits = layers.Einsum('BD,DN->BN', (D, cfg.num_labels), ('embed', None),
                              kernel_init=init, dtype=h_BD.dtype, name='classifier')(h_BD)
     else:
-      # Multiple choice: one score per sequence, normalized over choices by the loss.
-      h_BCD = dropout(h_BCD, deterministic=deterministic)
+      # Multiple choice: one score per sequence, normalized over choices by the loss. One
+      # dropout mask for all choices of an example (OpenAI's noise shape [B, 1, D]), so that
+      # the choices are scored through the same units.
+      h_BCD = h_BCD * dropout(jnp.ones_like(h_BCD[:, :1]), deterministic=deterministic)
       logits = layers.Einsum('BCD,DO->BCO', (D, 1), ('embed', None), kernel_init=init,
                              dtype=h_BCD.dtype, name='classifier')(h_BCD)[..., 0]
     return logits.astype(jnp.float32)

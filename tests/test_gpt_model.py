@@ -273,6 +273,17 @@ def test_classifier_dropout_applies_in_training_only():
   assert not np.allclose(run(0), run(1))
   np.testing.assert_array_equal(model.apply({'params': params}, batch)['logits'],
                                 model.apply({'params': params}, batch)['logits'])
+  # Multiple choice: one mask for all choices of an example (finetune-transformer-lm's noise
+  # shape [B, 1, D]), so three equal choices keep equal scores; different examples differ.
+  cfg = _tiny(num_labels=1, head='choice', classifier_dropout_rate=0.5)
+  model = gpt.Model(cfg)
+  same = {k: jnp.repeat(v[:, :1], 3, axis=1) for k, v in _multi_batch(C=3).items()}
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), same)['params'])
+  logits, clean = jax.jit(lambda p: [model.apply({'params': p}, same, deterministic=not train,
+                                                 rngs={'dropout': jax.random.key(0)})['logits']
+                                     for train in (True, False)])(params)
+  np.testing.assert_array_equal(logits, np.asarray(logits)[:, :1].repeat(3, axis=1))
+  assert not np.allclose(logits, clean)
 
 
 def test_scanned_layers_equal_unrolled_layers():
