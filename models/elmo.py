@@ -160,8 +160,9 @@ class Model(nn.Module):
 
   In training (not deterministic) the top states get dropout, as bilm-tf's
   before its softmax, and with num_sampled > 0 the classes of the sampled
-  softmax are drawn here from the 'sampling' rng: 'sampled_ids' (K,) and
-  'log_expected_counts' (V,).
+  softmax are drawn here from the 'sampling' rng: 'sampled_ids' (2, K), one
+  sample for each direction (bilm-tf's two sampled_softmax_loss calls draw
+  theirs apart), and 'log_expected_counts' (V,).
   """
   config: Config
 
@@ -180,8 +181,10 @@ class Model(nn.Module):
         'layers': elmo_layers(bilm['token_BLD'], bilm['forward'], bilm['backward']),
     }
     if not deterministic and cfg.num_sampled > 0:
-      outputs['sampled_ids'], outputs['log_expected_counts'] = sample_candidates(
-          self.make_rng('sampling'), cfg.vocab_size, cfg.num_sampled, cfg.sample_unique)
+      draws = [sample_candidates(key, cfg.vocab_size, cfg.num_sampled, cfg.sample_unique)
+               for key in jax.random.split(self.make_rng('sampling'))]
+      outputs['sampled_ids'] = jnp.stack([ids for ids, _ in draws])  # forward's, backward's
+      outputs['log_expected_counts'] = draws[0][1]  # a function of V and K alone
     return outputs
 
 

@@ -14,8 +14,9 @@ moves to the next sentence there), so a sentence of n words has n + 1 targets
 a direction, </S> (forward) and <S> (backward) among them; two more, certain
 ones, would lower the perplexity (about 1 target in 27 on lm1b).
 
-In training the model may hand over a sample of classes ('sampled_ids',
-'log_expected_counts'); the loss is then the sampled softmax of Jean et al.
+In training the model may hand over a sample of classes for each direction
+('sampled_ids' (2, K), as bilm-tf draws one per direction; (K,) serves both)
+and 'log_expected_counts'; the loss is then the sampled softmax of Jean et al.
 (2015) as TensorFlow's sampled_softmax_loss computes it (bilm-tf's choice):
 the softmax over [target, samples], every logit minus the log of its class's
 expected count in the sample, samples equal to the target removed. Without
@@ -162,15 +163,18 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   sampled = 'sampled_ids' in outputs
   metrics, sums, counts, losses = {}, {}, {}, {}
   targets = direction_targets(batch['token_ids'], batch['lengths'])
-  for direction, (targets_BL, valid_BL) in targets.items():
+  for index, (direction, (targets_BL, valid_BL)) in enumerate(targets.items()):
     states_BLD = outputs[f'{direction}_states']
     targets_N, valid_N = targets_BL.reshape(-1), valid_BL.reshape(-1)
     # Zeroed rather than masked afterwards: garbage states at padding would still give NaN gradients.
     states_ND = jnp.where(valid_N[:, None],
                           states_BLD.reshape(valid_N.shape[0], -1).astype(jnp.float32), 0.0)
     if sampled:
+      # A sample per direction ((2, K), the model's), or one (K,) for both.
+      sampled_ids = outputs['sampled_ids']
       nll_N = sampled_softmax_nll(states_ND, outputs['softmax_kernel'], outputs['softmax_bias'],
-                                  targets_N, outputs['sampled_ids'],
+                                  targets_N,
+                                  sampled_ids[index] if sampled_ids.ndim == 2 else sampled_ids,
                                   outputs['log_expected_counts'])
       sums[direction] = jnp.where(valid_N, nll_N, 0.0).sum()
       counts[direction] = valid_N.sum().astype(jnp.float32)

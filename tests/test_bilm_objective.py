@@ -120,6 +120,18 @@ def test_every_class_sampled_once_is_the_full_softmax():
   assert 'forward_accuracy' not in sampled
 
 
+def test_each_direction_reads_its_own_sample():
+  # sampled_ids (2, K): the forward loss over row 0's classes, the backward one over row 1's.
+  outputs, batch = example(garbage=0.0)
+  ids, log_counts = draw(0, V, 3, True, 2)
+  both = {**outputs, 'sampled_ids': jnp.asarray(ids), 'log_expected_counts': log_counts}
+  _, metrics = loss_fn(both, batch)
+  for index, direction in enumerate(('forward', 'backward')):
+    _, alone = loss_fn({**both, 'sampled_ids': jnp.asarray(ids[index])}, batch)
+    np.testing.assert_allclose(metrics[f'{direction}_loss'], alone[f'{direction}_loss'], rtol=1e-6)
+  assert not np.array_equal(ids[0], ids[1])
+
+
 def test_sampled_path_never_forms_a_vocabulary_wide_matrix():
   vocab, rows, num_sampled = 1009, 6, 8
   args = (jnp.ones((rows, D)), jnp.ones((vocab, D)), jnp.zeros(vocab), jnp.zeros(rows, jnp.int32),

@@ -108,7 +108,9 @@ def test_model_outputs_in_eval_and_training():
   rngs = {'dropout': jax.random.PRNGKey(1), 'sampling': jax.random.PRNGKey(2)}
   train = apply(variables, batch, deterministic=False, rngs=rngs)
   assert {k: v.shape for k, v in train.items()} == {
-      **shapes, 'sampled_ids': (TINY.num_sampled,), 'log_expected_counts': (V,)}
+      **shapes, 'sampled_ids': (2, TINY.num_sampled), 'log_expected_counts': (V,)}
+  # One sample per direction, drawn apart (bilm-tf calls sampled_softmax_loss for each).
+  assert not np.array_equal(train['sampled_ids'][0], train['sampled_ids'][1])
   assert train['softmax_kernel'].dtype == jnp.float32
   assert not np.allclose(train['forward_states'], out['forward_states'])  # dropout is on
   full = elmo.Model(dataclasses.replace(TINY, num_sampled=0))
