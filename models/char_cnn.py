@@ -52,9 +52,10 @@ class CharCNN(nn.Module):
 
     pooled = []
     for i, (width, count) in enumerate(self.filters):
-      # Kim et al. 2016's +-0.05, which bilm-tf uses with relu.
-      kernel = self._param(f'conv_{i}_kernel', symmetric_uniform(0.05), (width, E, count),
-                           (None, None, 'filters'))
+      # bilm-tf's: Kim et al. 2016's +-0.05 with relu, normal(0, 1 / sqrt(width E)) with tanh.
+      init = (nn.initializers.normal((width * E) ** -0.5) if self.activation == 'tanh'
+              else symmetric_uniform(0.05))
+      kernel = self._param(f'conv_{i}_kernel', init, (width, E, count), (None, None, 'filters'))
       bias = self._param(f'conv_{i}_bias', nn.initializers.zeros_init(), (count,), ('filters',))
       y_XTN = jax.lax.conv_general_dilated(
           e_XWE, kernel.astype(self.dtype), (1,), 'VALID',

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import char_cnn
 from models import elmo
 from models import layers
 from models import lstm
@@ -116,6 +117,21 @@ def test_model_outputs_in_eval_and_training():
   full = elmo.Model(dataclasses.replace(TINY, num_sampled=0))
   assert 'sampled_ids' not in jax.eval_shape(
       functools.partial(full.apply, deterministic=False, rngs=rngs), variables, batch)
+
+
+def test_char_filters_start_as_bilm_tfs_for_their_activation():
+  # bilm-tf's make_convolutions: uniform(-0.05, 0.05) with relu, normal(0, sqrt(1 / (w E)))
+  # with tanh (its released small models' activation).
+  ids = jnp.ones((1, 1, 8), jnp.int32)
+  for activation in ('relu', 'tanh'):
+    cnn = char_cnn.CharCNN(char_dim=16, filters=((4, 512),), num_highway=0, output_dim=0,
+                           activation=activation)
+    kernel = np.asarray(nn.meta.unbox(cnn.init(jax.random.key(0), ids))['params']['conv_0_kernel'])
+    if activation == 'relu':
+      assert np.abs(kernel).max() <= 0.05 and np.std(kernel) == pytest.approx(0.05 / 3 ** 0.5,
+                                                                             rel=0.03)
+    else:
+      assert np.std(kernel) == pytest.approx((4 * 16) ** -0.5, rel=0.03)
 
 
 def test_full_size_parameter_count():
