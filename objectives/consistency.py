@@ -7,7 +7,9 @@ smoothing (targets (1 - eps) one-hot + eps / N). Unlabeled batch
 without dropout and held fixed, are the soft targets (not smoothed: cvt_text
 feeds label_smoothing 0 on unlabeled batches), and each auxiliary
 module of each task is trained towards them:
-L = sum over tasks and views of the mean over words of CE(targets, aux),
+L = sum over tasks and views of the mean over words of CE(targets, aux)
+(the future view has no target at the first word, the past view none at the
+last: their states there are <S>'s and </S>'s, as cvt_text's rolled masks),
 which moves the encoder and the auxiliary modules but not the primary module.
 
 Span metrics per task follow conlleval on BIO ids (objectives/tagging.py):
@@ -44,6 +46,19 @@ def word_weights(batch: Mapping[str, Array]) -> Array:
   t_L = jnp.arange(batch['token_ids'].shape[1])
   words_BL = (t_L[None] >= 1) & (t_L[None] < lengths_B[:, None] - 1)
   return words_BL.astype(jnp.float32) * batch['example_weights'].astype(jnp.float32)[:, None]
+
+
+def view_weights(batch: Mapping[str, Array], view: str) -> Array:
+  """word_weights less the word a view has no word's state for: 'future' reads the state before
+  a word, which at the first word is <S>'s, and 'past' the state after it, at the last word
+  </S>'s. cvt_text's masked_ce_loss rolls its mask with the labels the same way."""
+  weights_BL = word_weights(batch)
+  t_1L = jnp.arange(weights_BL.shape[1])[None]
+  if view == 'future':
+    return jnp.where(t_1L == 1, 0.0, weights_BL)
+  if view == 'past':
+    return jnp.where(t_1L == batch['lengths'][:, None] - 2, 0.0, weights_BL)
+  return weights_BL
 
 
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
@@ -92,13 +107,14 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
 
 
 def _consistency(outputs, batch, tasks):
-  weights_BL = word_weights(batch)
-  count = jnp.maximum(weights_BL.sum(), 1e-6)
+  weights = {view: view_weights(batch, view) for view in ('forward', 'backward', 'future', 'past')}
   loss, metrics = 0.0, {}
   for name, teacher_BLN, students in zip(tasks, outputs['primary_logits'], outputs['aux_logits']):
     targets_BLN = jax.nn.softmax(jax.lax.stop_gradient(teacher_BLN).astype(jnp.float32), axis=-1)
     for view, logits_BLN in students.items():
-      view_loss = (smoothed_cross_entropy(logits_BLN, targets_BLN, 0.0) * weights_BL).sum() / count
+      weights_BL = weights[view]
+      view_loss = ((smoothed_cross_entropy(logits_BLN, targets_BLN, 0.0) * weights_BL).sum()
+                   / jnp.maximum(weights_BL.sum(), 1e-6))
       metrics[f'{name}_{view}_loss'] = lm.pair(view_loss, 1.0)
       loss = loss + view_loss
   metrics['consistency_loss'] = lm.pair(loss, 1.0)

@@ -88,17 +88,22 @@ def test_consistency_loss_by_hand():
   outputs = {'primary_logits': (teacher,),
              'aux_logits': ({'forward': student, 'past': student},)}
   loss, metrics = consistency.loss_fn(outputs, batch)
-  # Words are positions 1 and 2 (0 is <S>, 3 is </S>).
-  p = jax.nn.softmax(teacher[0, 1:3])
-  ce = -(p * jax.nn.log_softmax(student[0, 1:3])).sum(-1).mean()
-  assert float(loss) == pytest.approx(2 * float(ce), rel=1e-6)
-  assert float(metrics['consistency_loss'][0]) == pytest.approx(2 * float(ce), rel=1e-6)
+  # Words are positions 1 and 2 (0 is <S>, 3 is </S>). The past view reads the state after a
+  # word, </S>'s at the last word, which cvt_text's rolled mask leaves out: position 1 only.
+  p = jax.nn.softmax(teacher[0])
+  ce = -(p * jax.nn.log_softmax(student[0])).sum(-1)
+  expected = float(ce[1:3].mean() + ce[1])
+  assert float(loss) == pytest.approx(expected, rel=1e-6)
+  assert float(metrics['consistency_loss'][0]) == pytest.approx(expected, rel=1e-6)
+  # The future view reads the state before a word, <S>'s at the first: position 2 only.
+  outputs = {'primary_logits': (teacher,), 'aux_logits': ({'future': student},)}
+  assert float(consistency.loss_fn(outputs, batch)[0]) == pytest.approx(float(ce[2]), rel=1e-6)
   # Label smoothing is for gold labels only: the soft targets stay as the teacher made them.
   student = student[:, ::-1]  # at position 1 both are far from uniform, so smoothing would show
-  outputs = {'primary_logits': (teacher,), 'aux_logits': ({'future': student},)}
+  outputs = {'primary_logits': (teacher,), 'aux_logits': ({'past': student},)}
   smoothed, _ = consistency.loss_fn(outputs, batch, label_smoothing=0.1)
-  ce = -(p * jax.nn.log_softmax(student[0, 1:3])).sum(-1).mean()
-  assert float(smoothed) == pytest.approx(float(ce), rel=1e-6)
+  ce = -(p * jax.nn.log_softmax(student[0])).sum(-1)
+  assert float(smoothed) == pytest.approx(float(ce[1]), rel=1e-6)
 
 
 @pytest.mark.parametrize('task', ['conll2003', 'conll2003_chunk'])
