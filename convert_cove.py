@@ -143,7 +143,7 @@ def config_for(tensors: dict, source: str, glove_file: str, lower_case: bool):
                   if (v['word_dim'], v['hidden_size']) == (word_dim, cells)), 'base')
   config = cove_configs.get_config(variant)
   config.model.word_dim, config.model.hidden_size = word_dim, cells
-  config.model.num_encoder_layers = layers
+  config.model.num_encoder_layers = config.model.num_decoder_layers = layers
   config.model.vocab_size = TARGET_VOCAB
   config.data.glove_file = os.path.abspath(glove_file)
   config.data.lower_case = lower_case

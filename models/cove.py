@@ -5,7 +5,7 @@ GloVe file; words outside the vocabulary share one learned vector) with a
 2-layer biLSTM; CoVe(x) is its top layer's states, H (sec. 4). The decoder
 is a 2-layer LSTM with input feeding and global attention over H:
 
-    s_t       = LSTM([z_{t-1}; h~_{t-1}], s_{t-1})
+    s_t       = LSTM([z_{t-1}; h~_{t-1}], s_{t-1}),  s_0 = the encoder's final states
     alpha_t   = softmax(H (W1 s_t + b1))
     h~_t      = tanh(W2 [H^T alpha_t; s_t] + b2)
     p(y_t |.) = softmax(W_out h~_t + b_out)
@@ -19,7 +19,9 @@ Batches follow the translation spec with one example per row
 (data.pack=False): source_ids (B, S) word ids, 0 = padding, no end marker;
 target_input_ids, target_ids (B, L) subword ids. Decoding (translate.py)
 calls `decoder`, below: the encoder once, then `decode_step` per token with
-the LSTM states and h~ as the state.
+the LSTM states and h~ as the state. Each decoder layer starts from the
+encoder layer's final (c, h), forward and backward side by side, as
+OpenNMT-py's NMTModel starts it (so the two have as many layers).
 
 Shape letters: B batch, S source words, L target tokens, W word vector
 width, E target embedding width, X encoder state width (2 x cells), D
@@ -83,6 +85,11 @@ def check_config(config) -> None:
   if config.data.get('source_tokenizer') != 'words':
     raise ValueError("CoVe's encoder reads word vectors: set --config.data.source_tokenizer="
                      'words.')
+  if config.model.num_decoder_layers != config.model.num_encoder_layers:
+    raise ValueError(f'model.num_decoder_layers={config.model.num_decoder_layers} but '
+                     f'model.num_encoder_layers={config.model.num_encoder_layers}: the decoder '
+                     "starts from each encoder layer's final states (OpenNMT's); set both to the "
+                     'same number.')
   if config.data.source_vocab_size != config.model.source_vocab_size:
     raise ValueError(f'data.source_vocab_size={config.data.source_vocab_size} but '
                      f'model.source_vocab_size={config.model.source_vocab_size}: set both to '
@@ -123,21 +130,27 @@ class Encoder(nn.Module):
   config: Config
 
   @nn.compact
-  def __call__(self, vectors_BSW: Array, lengths_B: Array, deterministic: bool) -> list[Array]:
+  def __call__(self, vectors_BSW: Array, lengths_B: Array, deterministic: bool,
+               final: bool = False) -> list[Array] | tuple[list[Array], list[Any]]:
+    """Each layer's states; with `final`, also each layer's final (c, h), both (B, X): the
+    forward direction's after the last word and the backward one's after the first, side by
+    side (OpenNMT-py's _fix_enc_hidden, which the decoder starts from)."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     x_BSX = vectors_BSW.astype(dtype)
-    states = []
+    states, finals = [], []
     for i in range(cfg.num_encoder_layers):
       x_BSX = Dropout(cfg.dropout_rate)(x_BSX, deterministic=deterministic)
       # PyTorch's LSTM (which trained the released CoVe) adds no forget-gate bias.
       directions = [lstm.LSTM(cfg.hidden_size, forget_bias=0.0, reverse=reverse,
                               kernel_init=_uniform(cfg), dtype=dtype,
-                              name=f'layer{i}_{name}')(x_BSX, lengths_B)
+                              name=f'layer{i}_{name}')(x_BSX, lengths_B, final=True)
                     for name, reverse in (('forward', False), ('backward', True))]
-      x_BSX = jnp.concatenate(directions, axis=-1)
+      x_BSX = jnp.concatenate([out for out, _ in directions], axis=-1)
       states.append(x_BSX)
-    return states
+      finals.append(tuple(jnp.concatenate([state[k] for _, state in directions], axis=-1)
+                          for k in (0, 1)))
+    return (states, finals) if final else states
 
 
 class DecoderCell(nn.Module):
@@ -220,11 +233,16 @@ class Model(nn.Module):
     """Every encoder layer's states from given word vectors (feature extraction with any GloVe)."""
     return self.encoder(vectors_BSW, lengths_B, deterministic)
 
-  def initial_state(self, batch_size: int):
-    """The decoder's state before the first token: zero LSTM states and h~_0 = 0."""
-    D = self.config.decoder_size
-    zeros = jnp.zeros((batch_size, D), jnp.float32)
-    return tuple((zeros, zeros) for _ in range(self.config.num_decoder_layers)), zeros
+  def encode_for_decoding(self, batch: Mapping[str, Array], *, deterministic: bool = True
+                          ) -> tuple[Array, Any]:
+    """The encoder's top layer H (B, S, X) and the decoder's state before the first token:
+    each LSTM layer's (c, h) the final ones of the encoder's layer below it in number, both
+    directions side by side (OpenNMT-py's NMTModel, whose rnn_size 600 is 2 x 300 for this),
+    and h~_0 = 0."""
+    states, finals = self.encoder(self.word_vectors(batch['source_ids']), source_lengths(batch),
+                                  deterministic, final=True)
+    cells = tuple((c.astype(jnp.float32), h.astype(jnp.float32)) for c, h in finals)
+    return states[-1], (cells, jnp.zeros_like(cells[0][0]))
 
   def _logits(self, h_tilde: Array, deterministic: bool) -> Array:
     return self.output(self.dropout(h_tilde, deterministic=deterministic)).astype(jnp.float32)
@@ -237,7 +255,7 @@ class Model(nn.Module):
 
   def __call__(self, batch: Mapping[str, Array], *, deterministic: bool = True
                ) -> dict[str, Array]:
-    H_BSX = self.encode(batch, deterministic=deterministic)[-1]
+    H_BSX, start = self.encode_for_decoding(batch, deterministic=deterministic)
     memory_BSX = self.dropout(H_BSX, deterministic=deterministic)
     source_mask_BS = source_mask(batch)
     z_BLE = self.target_embed(batch['target_input_ids'])
@@ -248,8 +266,7 @@ class Model(nn.Module):
     # Input feeding makes the decoder sequential: one scan step per target token.
     scan = nn.scan(step, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
                    in_axes=(1, nn.broadcast, nn.broadcast), out_axes=1)
-    _, (h_tilde_BLD, alpha_BLS) = scan(self.decoder, self.initial_state(z_BLE.shape[0]), z_BLE,
-                                       memory_BSX, source_mask_BS)
+    _, (h_tilde_BLD, alpha_BLS) = scan(self.decoder, start, z_BLE, memory_BSX, source_mask_BS)
     return {'logits': self._logits(h_tilde_BLD, deterministic), 'cove': H_BSX,
             'alpha': alpha_BLS}
 
@@ -275,11 +292,9 @@ def decoder(model: Model, params: Any, source_ids_BS: Array, *, beam_size: int,
   """
   del max_length  # an LSTM has no cache to size
   batch = {'source_ids': source_ids_BS}
-  H_BSX = model.apply({'params': params}, batch, method='encode')[-1]
+  H_BSX, start = model.apply({'params': params}, batch, method='encode_for_decoding')
   repeat = lambda x: jnp.repeat(x, beam_size, axis=0)  # noqa: E731
-  N = source_ids_BS.shape[0] * beam_size
-  start = model.apply({'params': params}, N, method='initial_state')
-  state = (start, repeat(H_BSX), repeat(source_mask(batch)))
+  state = (jax.tree.map(repeat, start), repeat(H_BSX), repeat(source_mask(batch)))
 
   def step(token_N, state):
     lstm_state, H_NSX, mask_NS = state

@@ -61,7 +61,10 @@ class LSTM(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BLD: Array, lengths_B: Array) -> Array:
+  def __call__(self, x_BLD: Array, lengths_B: Array, final: bool = False
+               ) -> Array | tuple[Array, tuple[Array, Array]]:
+    """The outputs (B, L, P); with `final`, also the state after each row's last step, (c (B, S),
+    h (B, P)): for `reverse`, after position 0 (PyTorch's h_n, c_n)."""
     D, S = x_BLD.shape[-1], self.cells
     P = self.projection or S
     gate_init = self.kernel_init or symmetric_uniform(math.sqrt(6.0 / (D + P + 4 * S)))
@@ -90,12 +93,12 @@ class LSTM(nn.Module):
                                                   (None, None, 'cell'))
     if projection_kernel is not None:
       projection_kernel = nn.with_logical_constraint(projection_kernel, ('cell', None))
-    h_LBP = _recurrence(z_LBGS, valid_LB, recurrent_kernel, projection_kernel,
-                        self.forget_bias, self.cell_clip, self.proj_clip)
+    h_LBP, final_state = _recurrence(z_LBGS, valid_LB, recurrent_kernel, projection_kernel,
+                                     self.forget_bias, self.cell_clip, self.proj_clip)
     h_BLP = nn.with_logical_constraint(h_LBP.transpose(1, 0, 2), ('batch', 'length', 'act_embed'))
     if self.reverse:
       h_BLP = reverse_within_lengths(h_BLP, lengths_B)
-    return h_BLP
+    return (h_BLP, final_state) if final else h_BLP
 
 
 # The time loop. Its gradient is written by hand so that the kernels' gradients
@@ -105,7 +108,8 @@ class LSTM(nn.Module):
 
 
 def _scan(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip, proj_clip):
-  """Outputs (L, B, P) and, per step, what the gradient needs: h, c before and gates, c, p after."""
+  """Outputs (L, B, P), the final state (c (B, S), h (B, P)) and, per step, what the gradient
+  needs: h, c before and gates, c, p after."""
   dtype = recurrent_PGS.dtype
 
   def step(carry, inputs):
@@ -131,25 +135,26 @@ def _scan(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip
 
   _, B, _, S = z_LBGS.shape
   carry = (jnp.zeros((B, S), jnp.float32), jnp.zeros((B, recurrent_PGS.shape[0]), jnp.float32))
-  _, (h_LBP, saved) = jax.lax.scan(step, carry, (z_LBGS, valid_LB))
-  return h_LBP, saved
+  final, (h_LBP, saved) = jax.lax.scan(step, carry, (z_LBGS, valid_LB))
+  return h_LBP, final, saved
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _recurrence(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip, proj_clip):
   return _scan(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip,
-               proj_clip)[0]
+               proj_clip)[:2]
 
 
 def _recurrence_fwd(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip,
                     proj_clip):
-  h_LBP, saved = _scan(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias, cell_clip,
-                       proj_clip)
-  return h_LBP, (saved, valid_LB, recurrent_PGS, projection_SP)
+  h_LBP, final, saved = _scan(z_LBGS, valid_LB, recurrent_PGS, projection_SP, forget_bias,
+                              cell_clip, proj_clip)
+  return (h_LBP, final), (saved, valid_LB, recurrent_PGS, projection_SP)
 
 
-def _recurrence_bwd(forget_bias, cell_clip, proj_clip, residuals, dout_LBP):
+def _recurrence_bwd(forget_bias, cell_clip, proj_clip, residuals, cotangents):
   del forget_bias  # in the saved gates already
+  dout_LBP, (dc_final_BS, dh_final_BP) = cotangents
   (h_LBP, c_LBS, gates_LBGS, new_c_LBS, p_LBP), valid_LB, recurrent_PGS, projection_SP = residuals
   dtype = recurrent_PGS.dtype
 
@@ -181,8 +186,8 @@ def _recurrence_bwd(forget_bias, cell_clip, proj_clip, residuals, dout_LBP):
     m_BS = None if projection_SP is None else (o_BS * tanh_c_BS).astype(dtype)
     return (dc_BS, dh_BP), (dz_BGS, dp_BP.astype(dtype), m_BS)
 
-  _, B, _, S = gates_LBGS.shape
-  carry = (jnp.zeros((B, S), jnp.float32), jnp.zeros((B, recurrent_PGS.shape[0]), jnp.float32))
+  # The final state's gradient enters after the last step; steps past a row's length pass it on.
+  carry = (dc_final_BS.astype(jnp.float32), dh_final_BP.astype(jnp.float32))
   inputs = (dout_LBP, valid_LB, c_LBS, gates_LBGS, new_c_LBS, p_LBP)
   _, (dz_LBGS, dp_LBP, m_LBS) = jax.lax.scan(step, carry, inputs, reverse=True)
   drecurrent_PGS = jnp.einsum('LBP,LBGS->PGS', h_LBP.astype(dtype), dz_LBGS)

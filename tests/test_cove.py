@@ -83,6 +83,28 @@ def test_attention_equations_match_numpy():
   np.testing.assert_allclose(cells[0][1], s, atol=1e-5)
 
 
+def test_the_decoder_starts_from_the_encoders_final_states():
+  # OpenNMT-py's NMTModel (_fix_enc_hidden): decoder layer l starts from encoder layer l's final
+  # (c, h), forward and backward side by side: the forward's after the last word, the
+  # backward's after the first. h~_0 is zero.
+  model, params, batch = _setup()
+  apply = jax.jit(lambda p, b: model.apply({'params': p}, b, method='encode_for_decoding'))
+  H, (cells, feed) = apply(params, batch)
+  states = jax.jit(lambda p, b: model.apply({'params': p}, b, method='encode'))(params, batch)
+  np.testing.assert_array_equal(H, states[-1])
+  half = model.config.hidden_size
+  for (c, h), X in zip(cells, states):
+    for b, n in enumerate([7, 4, 7]):
+      np.testing.assert_allclose(h[b, :half], X[b, n - 1, :half], atol=1e-6)
+      np.testing.assert_allclose(h[b, half:], X[b, 0, half:], atol=1e-6)
+    assert np.all(np.abs(c) > 0)
+  assert not np.any(feed)
+  config = cove_config.get_config('tiny')
+  config.model.num_decoder_layers = 1
+  with pytest.raises(ValueError, match='model.num_decoder_layers=1 but model.num_encoder_layers=2'):
+    cove.check_config(config)
+
+
 @pytest.mark.slow  # an LSTM decoder; tests/test_transformer.py checks the attention decoders
 def test_decoder_is_causal():
   model, params, batch = _setup()

@@ -112,12 +112,16 @@ def test_hand_written_gradient_matches_autodiff_of_the_loop():
   for projection_SP, width in ((jax.random.normal(keys[1], (S, P)), P), (None, S)):
     recurrent_PGS = jax.random.normal(keys[2], (width, 4, S)) * 0.5
     dout_LBP = jax.random.normal(keys[3], (L, B, width))
+    # The final state's gradient too (CoVe's decoder starts from it): row 1 ends in a skip.
+    dc_BS, dh_BP = (jax.random.normal(k, shape) for k, shape in zip(
+        jax.random.split(keys[3]), ((B, S), (B, width))))
 
     def loss(recurrence, z, recurrent, projection):
-      out = recurrence(z, valid_LB, recurrent, projection, 1.0, CELL_CLIP, 2.0 * PROJ_CLIP)
-      return (out * dout_LBP).sum()
+      out, (c, h) = recurrence(z, valid_LB, recurrent, projection, 1.0, CELL_CLIP,
+                               2.0 * PROJ_CLIP)
+      return (out * dout_LBP).sum() + (c * dc_BS).sum() + (h * dh_BP).sum()
 
-    autodiff = lambda *a: loss(lambda *b: lstm._scan(*b)[0], *a)  # noqa: E731
+    autodiff = lambda *a: loss(lambda *b: lstm._scan(*b)[:2], *a)  # noqa: E731
     by_hand = functools.partial(loss, lstm._recurrence)
     want, have = (jax.jit(jax.grad(f, argnums=(0, 1, 2)))(z_LBGS, recurrent_PGS, projection_SP)
                   for f in (autodiff, by_hand))
