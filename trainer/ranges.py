@@ -235,6 +235,8 @@ RANGES: dict[str, Any] = {
     'data.tokenizer': OneOf(_constant('input_pipeline.common.sources', 'TOKENIZERS'),
                             'a tokenizer'),
     'data.source_tokenizer': OneOf(lambda: ('words', 'bpe'), 'a source tokenizer'),
+    'data.split_words': OneOf(_constant('input_pipeline.common.words', 'SPLITS'),
+                              'a way to split words'),
     'data.label_encoding': OneOf(_constant('input_pipeline.tagging', 'ENCODINGS'),
                                  'a tag encoding'),
     'data.task': Checked(input_pipeline.check_config, 'no_such_task'),
