@@ -83,10 +83,12 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   common.set_text_source(config.data)  # the unlabeled text
   if tiny:
     config.data.source = 'synthetic'
+    config.data.split_words = 'punctuation'  # input_pipeline/common/words.py
   else:
     config.data.source = 'tfds'
     config.data.tfds_name = 'lm1b'
     config.data.tfds_eval_split = 'test'
+    config.data.split_words = 'spaces'  # lm1b is tokenized already, as cvt_text reads it
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = 'sgd'

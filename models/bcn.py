@@ -126,7 +126,7 @@ def cove_config(cfg: Config) -> cove.Config:
   """The CoVe model's Config with the encoder sizes of a BCN Config (its decoder is not built)."""
   return cove.Config(source_vocab_size=cfg.vocab_size, word_dim=cfg.word_dim,
                      hidden_size=cfg.hidden_size, num_encoder_layers=cfg.num_encoder_layers,
-                     dtype=cfg.dtype)
+                     num_decoder_layers=cfg.num_encoder_layers, dtype=cfg.dtype)
 
 
 def length_mask(lengths_B: Array, length: int) -> Array:

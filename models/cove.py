@@ -71,6 +71,11 @@ class Config:
                        'words after <S> </S> <UNK>: use thousands.')
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f'model.dropout_rate={self.dropout_rate} must be in [0, 1): lower it.')
+    if self.num_decoder_layers != self.num_encoder_layers:
+      raise ValueError(f'model.num_decoder_layers={self.num_decoder_layers} but '
+                       f'model.num_encoder_layers={self.num_encoder_layers}: the decoder starts '
+                       "from each encoder layer's final states (OpenNMT's); set both to the "
+                       'same number.')
 
   @property
   def decoder_size(self) -> int:
@@ -85,11 +90,6 @@ def check_config(config) -> None:
   if config.data.get('source_tokenizer') != 'words':
     raise ValueError("CoVe's encoder reads word vectors: set --config.data.source_tokenizer="
                      'words.')
-  if config.model.num_decoder_layers != config.model.num_encoder_layers:
-    raise ValueError(f'model.num_decoder_layers={config.model.num_decoder_layers} but '
-                     f'model.num_encoder_layers={config.model.num_encoder_layers}: the decoder '
-                     "starts from each encoder layer's final states (OpenNMT's); set both to the "
-                     'same number.')
   if config.data.source_vocab_size != config.model.source_vocab_size:
     raise ValueError(f'data.source_vocab_size={config.data.source_vocab_size} but '
                      f'model.source_vocab_size={config.model.source_vocab_size}: set both to '
@@ -236,7 +236,7 @@ class Model(nn.Module):
   def encode_for_decoding(self, batch: Mapping[str, Array], *, deterministic: bool = True
                           ) -> tuple[Array, Any]:
     """The encoder's top layer H (B, S, X) and the decoder's state before the first token:
-    each LSTM layer's (c, h) the final ones of the encoder's layer below it in number, both
+    each LSTM layer's (c, h) the final ones of the encoder layer of the same number, both
     directions side by side (OpenNMT-py's NMTModel, whose rnn_size 600 is 2 x 300 for this),
     and h~_0 = 0."""
     states, finals = self.encoder(self.word_vectors(batch['source_ids']), source_lengths(batch),

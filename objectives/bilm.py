@@ -11,8 +11,8 @@ Across a sentence boundary of the stream (</S> <S>) there is no target: the
 forward LM is not asked for the <S> after a </S>, nor the backward LM for the
 </S> before a <S>. bilm-tf never feeds a sentence's last token (its batcher
 moves to the next sentence there), so a sentence of n words has n + 1 targets
-a direction, </S> (forward) and <S> (backward) among them; two more, certain
-ones, would lower the perplexity (about 1 target in 27 on lm1b).
+a direction, </S> (forward) and <S> (backward) among them; one more, a
+certain one, would lower the perplexity.
 
 In training the model may hand over a sample of classes for each direction
 ('sampled_ids' (2, K), as bilm-tf draws one per direction; (K,) serves both)

@@ -165,6 +165,10 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
   config.optimizer.name = 'sgd'
   with pytest.raises(ValueError, match='optimizer.name=adagrad and this config has sgd'):
     checks.check_run_directories(config, str(tmp_path / 'elmo'))
+  config = elmo_config.get_config('tiny')
+  config.data.split_words = 'spaces'  # its words.txt holds the words of the other split
+  with pytest.raises(ValueError, match='data.split_words=punctuation and this config has spaces'):
+    checks.check_run_directories(config, str(tmp_path / 'elmo'))
   config = bert_config('tiny')
   config.optimizer.clip_norm = 0.0  # no clipping: optax.chain's state no longer
   with pytest.raises(ValueError, match=re.escape(

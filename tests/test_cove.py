@@ -48,7 +48,7 @@ def _sigmoid(x):
 def test_attention_equations_match_numpy():
   # s_t = LSTM([z; h~_{t-1}], s_{t-1}); alpha = softmax(H (W1 s_t + b1));
   # h~_t = tanh(W2 [H^T alpha; s_t] + b2), on one step with padded source positions.
-  cfg = _config(num_decoder_layers=1)
+  cfg = _config(num_encoder_layers=1, num_decoder_layers=1)
   cell = cove.DecoderCell(cfg)
   rng = np.random.default_rng(3)
   B, S, X, D, E = 2, 5, 10, cfg.decoder_size, cfg.target_embed_dim
@@ -99,10 +99,8 @@ def test_the_decoder_starts_from_the_encoders_final_states():
       np.testing.assert_allclose(h[b, half:], X[b, 0, half:], atol=1e-6)
     assert np.all(np.abs(c) > 0)
   assert not np.any(feed)
-  config = cove_config.get_config('tiny')
-  config.model.num_decoder_layers = 1
   with pytest.raises(ValueError, match='model.num_decoder_layers=1 but model.num_encoder_layers=2'):
-    cove.check_config(config)
+    _config(num_decoder_layers=1)
 
 
 @pytest.mark.slow  # an LSTM decoder; tests/test_transformer.py checks the attention decoders

@@ -244,9 +244,10 @@ def test_rows_of_weight_zero_keep_their_statistics_under_the_gradient():
   x, table, bias_v, targets, weights = _output_layer_case()
   zero = jnp.zeros_like(weights)
   primal = lm.output_layer_loss(x, table, None, targets, zero)
-  (_, under_grad), _ = jax.value_and_grad(
-      lambda x: (lambda out: (out[0], out[1:]))(lm.output_layer_loss(x, table, None, targets, zero)),
-      has_aux=True)(x)
+  def loss(x):
+    out = lm.output_layer_loss(x, table, None, targets, zero)
+    return out[0], out[1:]
+  (_, under_grad), _ = jax.value_and_grad(loss, has_aux=True)(x)
   np.testing.assert_allclose(under_grad[0], primal[1], rtol=1e-6)  # per-token NLL
   np.testing.assert_array_equal(under_grad[1], primal[2])  # correct
   assert not np.allclose(primal[1], np.log(table.shape[0]))
