@@ -81,8 +81,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if data.get('tokenizer', 'wordpiece') != 'wordpiece':
     raise ValueError(f'BERT fine-tuning reads WordPiece ids, not data.tokenizer='
                      f'{data.tokenizer!r}: set --config.data.tokenizer=wordpiece.')
-  needed = 4 if is_tagging(task) or task.kind == 'classification' else 5
-  if data.max_seq_length < needed - 1:
+  # [CLS] a [SEP], or [CLS] a [SEP] b [SEP] for a pair: a token of each text at least.
+  needed = 3 if is_tagging(task) or task.kind == 'classification' else 5
+  if data.max_seq_length < needed:
     raise ValueError(f'data.max_seq_length={data.max_seq_length} leaves no room for task '
                      f'{data.task!r} between [CLS] and [SEP]: use {needed} or more.')
   head = 'tag' if is_tagging(task) else 'classify'
@@ -240,7 +241,7 @@ def score(task, examples: Examples, predictions: dict[str, np.ndarray]) -> dict[
     gold = [[names[t] for t in tags] for tags in examples.word_tags]
     guessed = [[names[t] for t in word_labels(positions, row)]
                for positions, row in zip(examples.word_positions, predicted)]
-    return task_metrics.spans(gold, guessed)
+    return task_metrics.spans(gold, guessed, chunks=bool(tagging.span_tags(task)))
   predicted = task_metrics.by_example(predictions, 'prediction', len(examples))
   return task_metrics.classification(examples.labels, predicted, regression=task.regression,
                                      binary=task.num_labels == 2)

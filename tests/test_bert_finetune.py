@@ -121,6 +121,18 @@ def test_tagging_scores_are_conll_span_f1_over_words(tokenizer):
   assert scores['span_recall'] == pytest.approx(2 / 3)
   assert scores['span_f1'] == pytest.approx(2 / 3)
   assert scores['word_accuracy'] == pytest.approx(7 / 8)
+  # Part of speech has no chunks: word accuracy alone (seqeval read 'NN' as a chunk prefix).
+  task = _task('conll2003_pos')
+  names = task.label_names
+  tags = [[names.index(t) for t in ('NNP', 'VBZ', 'IN', 'NNP', 'NNP')], [names.index('DT')] * 3]
+  examples = bert_finetune.tagging_examples(sentences, tags, tokenizer, max_length=32)
+  predicted = np.zeros((2, 32), np.int32)
+  for row, (positions, row_tags) in enumerate(zip(examples.word_positions, tags)):
+    predicted[row, positions] = row_tags
+  predicted[1, examples.word_positions[1][0]] = names.index('NN')
+  scores = bert_finetune.score(task, examples, {'example_index': np.array([0, 1]),
+                                                'predicted_tags': predicted})
+  assert scores == {'word_accuracy': pytest.approx(7 / 8)}
 
 
 def test_scoring_refuses_a_pass_that_missed_examples():
@@ -229,6 +241,16 @@ def test_a_task_with_the_wrong_head_is_refused_in_one_line():
     bert_finetune_config.get_config('nope')
   with pytest.raises(ValueError, match='Unknown size'):
     bert_finetune_config.get_config('sst2,huge')
+  # A pair needs [CLS] a [SEP] b [SEP]: at 4 every second text was cut to nothing.
+  config = bert_finetune_config.get_config('mrpc,tiny')
+  config.data.max_seq_length = 4
+  with pytest.raises(ValueError, match="max_seq_length=4 leaves no room for task 'mrpc'"):
+    bert_finetune.check_config(config)
+  config.data.max_seq_length = 5
+  bert_finetune.check_config(config)
+  config = bert_finetune_config.get_config('sst2,tiny')
+  config.data.max_seq_length = 3  # [CLS] a [SEP]
+  bert_finetune.check_config(config)
 
 
 def test_part_of_an_eval_split_is_refused_for_a_scored_task():

@@ -43,9 +43,14 @@ def classification(labels: np.ndarray, predicted: np.ndarray, *, regression: boo
   return {k: float(v) for k, v in scores.items()}
 
 
-def spans(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
-  """conlleval's chunk precision, recall and F1 of IOB tag names, and word accuracy."""
+def spans(gold: list[list[str]], predicted: list[list[str]],
+          chunks: bool = True) -> dict[str, float]:
+  """conlleval's chunk precision, recall and F1 of IOB tag names, and word accuracy; word
+  accuracy alone without `chunks` (tags that are no IOB, such as part of speech: seqeval would
+  read 'NN' and 'IN' as chunk prefixes)."""
   from seqeval import metrics  # pylint: disable=g-import-not-at-top
+  if not chunks:
+    return {'word_accuracy': float(metrics.accuracy_score(gold, predicted))}
   return {'span_f1': float(metrics.f1_score(gold, predicted, zero_division=0)),
           'span_precision': float(metrics.precision_score(gold, predicted, zero_division=0)),
           'span_recall': float(metrics.recall_score(gold, predicted, zero_division=0)),
