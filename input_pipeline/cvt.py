@@ -168,6 +168,7 @@ class EvalIterator:
 
   def __init__(self, iterators: list[example_iterator.ExampleIterator]):
     self._iterators = iterators
+    self._starts = [it.get_state() for it in iterators]
     self.steps_per_epoch = sum(it.steps_per_epoch for it in iterators)
     self._step = 0
 
@@ -175,7 +176,13 @@ class EvalIterator:
     return {'step': self._step}
 
   def set_state(self, state: dict[str, int]) -> None:
-    self._step = int(state['step'])
+    """Back at `step` of the passes: each task's iterator rewound to its start, then the batches
+    before `step` read again (an eval starts at step 0, so none are)."""
+    for iterator, start in zip(self._iterators, self._starts):
+      iterator.set_state(start)
+    self._step = 0
+    for _ in range(int(state['step'])):
+      next(self)
 
   def close(self) -> None:
     for iterator in self._iterators:

@@ -88,6 +88,7 @@ def test_tasks_are_drawn_by_the_square_root_of_their_sizes(config, vocab):
 
 def test_eval_covers_every_sentence_of_every_task_once(config, vocab):
   data = _iterator(config, vocab, split='eval')
+  start = data.get_state()
   assert data.steps_per_epoch == 2 * 2  # ceil(7 / 4) batches per task
   batches = [next(data) for _ in range(data.steps_per_epoch)]
   for task in (0, 1):
@@ -98,6 +99,12 @@ def test_eval_covers_every_sentence_of_every_task_once(config, vocab):
                  zip(b['token_ids'], b['lengths'], b['example_weights']) if w}
     assert len(sentences) == 7
   np.testing.assert_equal(next(data), batches[0])  # then the pass repeats
+  # Every eval starts over (evaluation.evaluate sets the start): the tasks' batches rewound too.
+  next(data)
+  data.set_state(start)
+  np.testing.assert_equal([next(data) for _ in range(data.steps_per_epoch)], batches)
+  data.set_state({'step': 3})
+  np.testing.assert_equal(next(data), batches[3])
 
 
 def test_config_errors_are_one_line(config):
