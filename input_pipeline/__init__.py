@@ -68,6 +68,13 @@ def check_source(data_cfg: ml_collections.ConfigDict) -> None:
     sources.tfds_builder(data_cfg)
 
 
+def prepare_source(data_cfg: ml_collections.ConfigDict) -> None:
+  """A TFDS text source downloaded and prepared once, by every host at the same point of its
+  main thread (sources.prepare_tfds waits for the other hosts), before any data is read."""
+  if data_cfg.get('source') == 'tfds':
+    sources.prepare_tfds(sources.tfds_builder(data_cfg))
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
   """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one.

@@ -198,6 +198,28 @@ def test_tfds_hosts_read_disjoint_slices(tmp_path, monkeypatch):
   assert seen[0] != seen[1]
 
 
+def test_a_prepared_tfds_source_is_read_without_waiting_for_the_other_hosts(tmp_path,
+                                                                           monkeypatch):
+  # Each shard reads its documents again at its own step of a pass, in a data thread or worker
+  # process; a wait for the other hosts there met their other collectives. train.py prepares
+  # (and waits) once, at its start, on every host: input_pipeline.prepare_source.
+  tfds = pytest.importorskip('tensorflow_datasets')
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
+                      property(lambda self: _FiveExamplesPerSlice()))
+  waits = []
+  monkeypatch.setattr(sources.multihost_utils, 'sync_global_devices', waits.append)
+  monkeypatch.setattr(sources.jax, 'process_count', lambda: 2)
+  data_cfg = _tfds_cfg(tmp_path, tfds_data_dir=str(tmp_path / 'tfds'))
+  with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
+    input_pipeline.prepare_source(data_cfg)
+    assert waits == ['prepare_tfds lm1b/1.1.0']
+    monkeypatch.setattr(sources, '_is_prepared', lambda builder: True)  # what it leaves
+    for host in range(2):  # each shard's next pass reads its documents so again
+      assert list(sources.documents(data_cfg, 'train', host, 2))
+  assert waits == ['prepare_tfds lm1b/1.1.0']
+
+
 # The embedded corpus and vocabularies.
 
 

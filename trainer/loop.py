@@ -101,6 +101,9 @@ def setup(config, workdir: str, mesh) -> Run:
   # The vocabulary: a resumed run keeps the one it started with, whatever the cache holds now,
   # and a run initialized from another one takes that run's vocabulary.
   saved_dir = workdir if resuming else config.get('init_from') or None
+  # A TFDS text source is prepared here, by every host at this point (they wait for host 0),
+  # never later in the data threads, where the hosts come to it at different steps.
+  input_pipeline.prepare_source(config.data)
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size, saved_dir)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ValueError(f'The vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size='

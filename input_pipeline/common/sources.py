@@ -161,7 +161,9 @@ def prepare_tfds(builder) -> None:
   """Downloads and prepares a TFDS builder's data on process 0 only; the other hosts wait for it.
 
   The hosts share tfds_data_dir, and several of them writing one dataset
-  there at once would race on its files.
+  there at once would race on its files. Every host must call it at the same
+  point of its main thread (the wait is a collective): train.py's start does,
+  through input_pipeline.prepare_source, before any data is read.
   """
   if jax.process_index() == 0:
     builder.download_and_prepare()
@@ -175,6 +177,11 @@ def prepare_tfds(builder) -> None:
     else:
       # tfds_data_dir is local to each host (not shared): each prepares its own copy.
       builder.download_and_prepare()
+
+
+def _is_prepared(builder) -> bool:
+  """Whether the builder's data is on disk (TFDS writes it elsewhere and renames it when done)."""
+  return builder.data_path.exists()
 
 
 def tfds_builder(data_cfg: ml_collections.ConfigDict):
@@ -207,7 +214,11 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
     raise ValueError(
         f'TFDS dataset {data_cfg.tfds_name!r} has no feature {feature!r}: set '
         f'data.tfds_text_feature to one of {", ".join(builder.info.features)}.')
-  prepare_tfds(builder)
+  # Prepared at train.py's start on every host (prepare_source). Not here, where each shard
+  # comes at its own step of a pass, in a data thread or worker process: the hosts' wait would
+  # meet other collectives. Read before it was prepared (a script, one process): prepared now.
+  if not _is_prepared(builder):
+    prepare_tfds(builder)
   host_splits = tfds.even_splits(tfds_split, n=process_count)
   dataset = builder.as_dataset(split=host_splits[process_index],
                                shuffle_files=False)
