@@ -99,3 +99,36 @@ def test_ctrl_c_on_one_host_stops_every_host_at_the_same_step(tmp_path):
       resumed + straight)
   checksum = lambda line: line.split('checksum=')[1]
   assert [checksum(l) for l in resumed] == [checksum(l) for l in straight]
+
+
+_MESH_CHECK = """
+import sys
+import jax
+port, process_id = sys.argv[1:3]
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=2, process_id=int(process_id))
+from trainer import sharding
+for mesh_cfg in ((('data', -1), ('fsdp', 1), ('tensor', 2)),
+                 (('tensor', 2), ('data', -1), ('fsdp', 1))):
+  held = sharding.batch_shards_by_process(sharding.make_mesh(mesh_cfg))
+  try:
+    sharding.check_processes_split_the_batch(held, mesh_cfg)
+    print('SPLIT', mesh_cfg[0][0], sorted(held[jax.process_index()]))
+  except ValueError as e:
+    print('REFUSED', mesh_cfg[0][0], e)
+"""
+
+
+@pytest.mark.slow
+def test_a_mesh_that_gives_the_hosts_the_same_batch_shards_is_refused():
+  port = free_port()
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=slices.with_cpu_devices(os.environ.get('XLA_FLAGS', ''), 2))
+  root = os.path.dirname(HERE)
+  procs = [subprocess.Popen([sys.executable, '-c', _MESH_CHECK, str(port), str(i)], cwd=root,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  for i, (p, out) in enumerate(zip(procs, [p.communicate(timeout=300)[0] for p in procs])):
+    assert p.returncode == 0, out[-3000:]
+    assert f'SPLIT data [{i}]' in out, out[-3000:]  # data first: a shard of its own
+    assert 'REFUSED tensor config.mesh=' in out and 'put data (or fsdp) first' in out, out[-3000:]

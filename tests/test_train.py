@@ -257,6 +257,20 @@ def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_
   assert [r['step'] for r in again] == [4, 6]
 
 
+def test_each_host_holds_batch_shards_of_its_own():
+  mesh_cfg = (('tensor', 2), ('data', -1), ('fsdp', 1))
+  mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:4])
+  assert sharding.batch_shards_by_process(mesh) == {0: {0, 1}}  # one process: all of them
+  sharding.check_processes_split_the_batch({0: {0, 1}}, mesh_cfg)
+  sharding.check_processes_split_the_batch({0: {0}, 1: {1}}, mesh_cfg)
+  # Two hosts of two devices, tensor across the hosts first: each holds both shards (seen on
+  # two processes over gloo: a global batch of 4 rows, not 8, each host's own 4 in it).
+  for held in ({0: {0, 1}, 1: {0, 1}}, {0: {0, 1}, 1: {1}}):
+    with pytest.raises(ValueError, match=r"gives the 2 hosts the same shards of the batch .*: "
+                       r"put data \(or fsdp\) first in config.mesh"):
+      sharding.check_processes_split_the_batch(held, mesh_cfg)
+
+
 def test_schedule_and_weight_decay_follow_bert():
   # run_pretraining.py: linear warmup, then lr * (1 - step / num_steps); no decay
   # of LayerNorm parameters and biases.

@@ -391,6 +391,7 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
   previous_handlers = {signum: signal.signal(signum, stop) for signum in handled}
   try:
     mesh = sharding.make_mesh(config.mesh, devices)
+    sharding.check_processes_split_the_batch(sharding.batch_shards_by_process(mesh), config.mesh)
     with jax.set_mesh(mesh):
       return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
   finally:

@@ -115,6 +115,30 @@ def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def batch_shards_by_process(mesh) -> dict[int, set[int]]:
+  """The data-parallel shards of the batch (data x fsdp) that each process's devices hold."""
+  dp = data_parallel_size(mesh)
+  held = {}
+  for device, index in batch_sharding(mesh).devices_indices_map((dp,)).items():
+    held.setdefault(device.process_index, set()).update(range(dp)[index[0]])
+  return held
+
+
+def check_processes_split_the_batch(held: dict[int, set[int]], mesh_cfg) -> None:
+  """Each process holds shards of the batch of its own, as many as every other: global_batch
+  puts the processes' local batches side by side so. An axis that spans the hosts but splits
+  no batch, first in config.mesh, gave every host every shard, and the global batch was one
+  host's worth with other rows on each host, silently."""
+  if len(held) < 2:
+    return
+  counts = [len(shards) for shards in held.values()]
+  if len(set(counts)) > 1 or sum(counts) != len(set().union(*held.values())):
+    raise ValueError(
+        f'config.mesh={tuple(map(tuple, mesh_cfg))!r} gives the {len(held)} hosts the same shards '
+        'of the batch (an axis that spans the hosts comes before the batch axes): put data '
+        "(or fsdp) first in config.mesh, e.g. (('data', -1), ('fsdp', 1), ('tensor', 1)).")
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
   """Assembles host-local numpy batches into one global array per feature."""
   sharding = batch_sharding(mesh)
