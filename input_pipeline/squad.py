@@ -44,7 +44,8 @@ evaluate script: answers are normalized (lower-cased, punctuation and the
 articles a/an/the removed, whitespace collapsed), F1 counts the common
 words, and each question takes its best over the gold answers; percentages
 over all eval questions, a question with no scored window counting 0.
-`predictions_text` gives each question's answer by id, for predictions.json.
+`predictions_text` gives each question's answer by id: trainer/evaluation.py writes it to
+workdir/predictions.json after each eval.
 
 Tasks (by data.task):
   squad         TFDS squad/v1.1 (downloaded when named): train on 'train', evaluate on

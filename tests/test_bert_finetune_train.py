@@ -13,10 +13,13 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
 import end_to_end
+import input_pipeline
+from input_pipeline import squad
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_STEPS = 300
@@ -127,3 +130,17 @@ def test_span_head_answers_better_than_the_trivial_answer(runs):
   # The best trivial predictor of input_pipeline/squad.py's docstring, a random run of 1 to 3
   # of the context's words, scores EM 5.7 and F1 16.0.
   assert scores['eval_exact_match'] > 8.0 and scores['eval_f1'] > 22.0
+  # The last eval's answers by question id, as run_squad.py's predictions.json (the official
+  # script's input): scored against the eval split's answers, they give the results' figures.
+  workdir = os.path.join(runs, 'offline_span')
+  with open(os.path.join(workdir, 'predictions.json'), encoding='utf-8') as f:
+    predicted = json.load(f)
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size, workdir)
+  questions = squad.SquadIterator(config.data, 'eval', tokenizer=tokenizer, batch_size=8,
+                                  seed=0).examples.questions
+  assert sorted(predicted) == sorted(q.id for q in questions)
+  again = squad.evaluate(predicted, {q.id: q.answers for q in questions})
+  assert again == pytest.approx({'exact_match': scores['eval_exact_match'],
+                                 'f1': scores['eval_f1']})

@@ -3,16 +3,22 @@
 The hook: an objective module may define `eval_metrics(config, model,
 params, tokenizer) -> dict[str, float]`, metrics that need more than the
 jitted eval step (BLEU needs decoding, objectives/seq2seq.py). They are
-computed on the host after each eval and written with its metrics.
+computed on the host after each eval and written with its metrics. A
+pipeline whose eval iterator has `predictions_text` (SQuAD) has each whole
+pass's answers written to workdir/predictions.json, question id -> answer, as
+run_squad.py writes them for the official evaluation script.
 """
 
 import importlib
+import json
+import os
 from typing import Any
 
 import jax
 import numpy as np
 
 import input_pipeline
+from input_pipeline.common import tokenizer as tokenizer_lib
 from trainer import sharding
 from trainer.checks import model_config
 from trainer.steps import accumulate
@@ -57,7 +63,12 @@ def evaluate(run: Any, params) -> dict[str, float]:
     # step's in-graph ones of the same name.
     joined = {k: np.concatenate([p[k] for p in predicted]) for k in predicted[0]}
     real = joined['example_index'] >= 0
-    summary.update(batches.score({k: v[real] for k, v in joined.items()}))
+    passed = {k: v[real] for k, v in joined.items()}
+    summary.update(batches.score(passed))
+    if hasattr(batches, 'predictions_text') and jax.process_index() == 0:
+      tokenizer_lib.write_lines_atomically(
+          [json.dumps(batches.predictions_text(passed), ensure_ascii=False)],
+          os.path.join(run.workdir, 'predictions.json'))
   return summary
 
 
