@@ -189,7 +189,7 @@ def expand(sweep: dict, workdir: str) -> list[tuple[str, int, list[Run]]]:
   for (variant, overrides), point in itertools.product(sweep['variants'], list(points)):
     label = ','.join([variant] + [f'{k.rsplit(".", 1)[-1]}={_flag_value(v)}' for k, v in point])
     combos.append((label, list(overrides.items()) + list(point)))
-  chains = []  # (label, seed, [(stage, config, its own overrides, every stage's so far)])
+  chains = []  # (label, seed, [(stage, config, its own overrides, every stage's so far, slug)])
   for label, items in combos:
     per_stage = {name: [] for name in names}
     for key, value in items:
@@ -200,22 +200,22 @@ def expand(sweep: dict, workdir: str) -> list[tuple[str, int, list[Run]]]:
       for name, config, base in sweep['stages']:
         own = list({**dict(base), **dict(per_stage[name])}.items())  # a variant's value wins
         so_far = so_far + [(f'{name}.{k}', v) for k, v in per_stage[name]]
-        chain.append((name, config, own, so_far))
+        chain.append((name, config, own, so_far, _slug(so_far, seed)))
       chains.append((label, seed, chain))
   # Runs of the same overrides share a directory (an upstream run is trained once); runs of
   # different ones must not, where the short names meet (pretrain.x=0 and finetune.x=0 are
   # both x=0: the second fine-tuning would have been skipped and reported as the first).
   claims = collections.defaultdict(set)
-  for _, seed, chain in chains:
-    for name, _, _, so_far in chain:
-      claims[name, _slug(so_far, seed)].add(repr(so_far))
+  for _, _, chain in chains:
+    for name, _, _, so_far, slug in chain:
+      claims[name, slug].add(repr(so_far))
   expanded = []
   for label, seed, chain in chains:
     runs, upstream = [], None
-    for name, config, own, so_far in chain:
-      clashes = len(claims[name, _slug(so_far, seed)]) > 1
-      run = Run(name, config, tuple(own), seed,
-                os.path.join(workdir, name, _slug(so_far, seed, clashes)), upstream)
+    for name, config, own, so_far, slug in chain:
+      if len(claims[name, slug]) > 1:
+        slug = _slug(so_far, seed, clashes=True)
+      run = Run(name, config, tuple(own), seed, os.path.join(workdir, name, slug), upstream)
       runs.append(run)
       upstream = run.workdir
     expanded.append((label, seed, runs))

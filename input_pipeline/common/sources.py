@@ -432,8 +432,9 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                        ' point it at one, or change data.tokenizer to match the file.')
     return _open(tokenizer_class, data_cfg.vocab_file, data_cfg)
   casing = 'uncased' if data_cfg.lower_case and kind != 'words' else 'cased'
-  if kind == 'words' and words_lib.split_of(data_cfg) != 'punctuation':
-    casing += f'-{words_lib.split_of(data_cfg)}'  # other words, another vocabulary
+  split = words_lib.split_of(data_cfg) if kind == 'words' else 'punctuation'
+  if split != 'punctuation':
+    casing += f'-{split}'  # other words, another vocabulary
   extension = os.path.splitext(file_name)[1]
   path = os.path.join(default_data_dir(data_cfg), 'vocab',
                       f'{_source_key(data_cfg)}-{kind}-{vocab_size}-{casing}{extension}')
@@ -446,7 +447,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                                 data_cfg.lower_case, path)
     elif kind == 'words':
       words_lib.learn_word_vocab(itertools.islice(sentences, WORD_VOCAB_MAX_SENTENCES),
-                                 vocab_size, path, words_lib.split_of(data_cfg))
+                                 vocab_size, path, split)
     else:
       # Whole documents, as packed_lm encodes them: a sentence's first word then
       # has the leading space it has in the model's input.
