@@ -107,12 +107,11 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
 
 
 def _consistency(outputs, batch, tasks):
-  weights = {view: view_weights(batch, view) for view in ('forward', 'backward', 'future', 'past')}
   loss, metrics = 0.0, {}
   for name, teacher_BLN, students in zip(tasks, outputs['primary_logits'], outputs['aux_logits']):
     targets_BLN = jax.nn.softmax(jax.lax.stop_gradient(teacher_BLN).astype(jnp.float32), axis=-1)
     for view, logits_BLN in students.items():
-      weights_BL = weights[view]
+      weights_BL = view_weights(batch, view)
       view_loss = ((smoothed_cross_entropy(logits_BLN, targets_BLN, 0.0) * weights_BL).sum()
                    / jnp.maximum(weights_BL.sum(), 1e-6))
       metrics[f'{name}_{view}_loss'] = lm.pair(view_loss, 1.0)
