@@ -420,9 +420,11 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
     _copy(vocab_file, saved)
   mngr = checkpoints.manager(workdir, 1)
   # The released models trained every position of their table (BERT's last phase at 512);
-  # ELMo's biLM has no position table.
+  # ELMo's biLM has no position table. openai-gpt had no end-of-text token: its row is one of
+  # grow_token_embedding's, which generate.py does not put before a prompt.
   checkpoints.save(mngr, 0, {'step': np.zeros((), np.int32), 'params': params}, {0: {}}, 1,
-                   positions=config.model.get('max_position_embeddings'))
+                   positions=config.model.get('max_position_embeddings'),
+                   eot_trained=False if config.model_name == 'gpt' else None)
   checkpoints.wait(mngr)
   mngr.close()
 

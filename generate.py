@@ -7,7 +7,11 @@
 --temperature=0 (the default) decodes greedily; top_k=0 samples from the whole
 vocabulary. Several --prompt flags decode as one batch. Each prompt starts
 with the end-of-text token, as documents do in pretraining, and decoding stops
-at the next one. Works on a pretraining or a fine-tuning workdir.
+at the next one; a model that never trained that token (openai-gpt converted
+by convert_checkpoint.py, and runs fine-tuned from it: GPT-1 had none)
+continues the prompt alone for --max_new_tokens. Tokens that are not text
+(padding, the fine-tuning delimiters) are never drawn. Works on a pretraining
+or a fine-tuning workdir.
 """
 
 import sys
@@ -21,6 +25,7 @@ import numpy as np
 
 from models import decoding
 from models import gpt
+from trainer import checkpoints
 from trainer import cli
 import trainer.state
 
@@ -35,7 +40,13 @@ def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperatu
              top_k: int, seed: int) -> list[str]:
   """Each prompt with its continuation, decoded to text."""
   config, model, params, tokenizer = load_run(workdir)
-  ids = [[tokenizer.eot_id] + tokenizer.encode(p) for p in prompts]
+  # Only convert_checkpoint.py's openai-gpt says False; older checkpoints say nothing (None).
+  eot_trained = (checkpoints.newest_data(workdir) or {}).get('eot_trained') is not False
+  start = [tokenizer.eot_id] if eot_trained else []
+  ids = [start + tokenizer.encode(p) for p in prompts]
+  if not all(ids):
+    raise ValueError(f'{workdir} never trained the end-of-text token that would start an empty '
+                     'prompt (a converted openai-gpt): give every --prompt some text.')
   longest = max(map(len, ids))
   if longest + max_new_tokens > config.model.max_position_embeddings:
     raise ValueError(f'A prompt of {longest} tokens plus --max_new_tokens={max_new_tokens} '
@@ -47,14 +58,18 @@ def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperatu
   for row, prompt in zip(prompt_BL, ids):
     row[:len(prompt)] = prompt
   lengths_B = np.array([len(p) for p in ids], np.int32)
+  # (On a BERT vocabulary the delimiter is the end-of-text token, [SEP].)
+  not_text = {tokenizer.pad_id, tokenizer.start_id, tokenizer.delim_id, tokenizer.extract_id,
+              tokenizer.eot_id} - ({tokenizer.eot_id} if eot_trained else set())
   tokens_BN = decoding.sample(model, params, prompt_BL, lengths_B,
                               max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
-                              temperature=temperature, top_k=top_k, eot_id=tokenizer.eot_id)
+                              temperature=temperature, top_k=top_k, eot_id=tokenizer.eot_id,
+                              banned_ids=tuple(sorted(not_text)))
   texts = []
   for prompt, row in zip(ids, np.asarray(tokens_BN)):
     ends = np.flatnonzero(row == tokenizer.eot_id)
     # Decoded together: byte-level BPE tokens carry their own leading spaces.
-    texts.append(tokenizer.decode(prompt[1:] + list(row[:ends[0]] if len(ends) else row)))
+    texts.append(tokenizer.decode(prompt[len(start):] + list(row[:ends[0]] if len(ends) else row)))
   return texts
 
 

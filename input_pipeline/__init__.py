@@ -75,6 +75,12 @@ def prepare_source(data_cfg: ml_collections.ConfigDict) -> None:
     sources.prepare_tfds(sources.tfds_builder(data_cfg))
 
 
+def trains_eot(data_cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the pipeline's examples hold the end-of-text token (packed_lm frames documents
+  with it, translation ends each side with it), so that training trains its embedding."""
+  return getattr(_pipeline(data_cfg), 'TRAINS_EOT', False)
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
   """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one.

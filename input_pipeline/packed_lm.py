@@ -46,6 +46,7 @@ from input_pipeline.common import tokenizer as tokenizer_lib
 Batch = dict[str, np.ndarray]
 # example_batch's ids, the byte-level BPE layout: <|pad|> 0, <|endoftext|> 1, specials to 4.
 _SYNTHETIC_PAD, _SYNTHETIC_EOT, _NUM_SYNTHETIC_SPECIAL = 0, 1, 5
+TRAINS_EOT = True  # every document starts and ends with it (input_pipeline.trains_eot)
 
 
 def validate(data_cfg: ml_collections.ConfigDict, batch_size: int) -> None:

@@ -48,6 +48,8 @@ from input_pipeline.common import sources
 from input_pipeline.common import tokenizer as tokenizer_lib
 from input_pipeline.common import words as words_lib
 
+TRAINS_EOT = True  # each side ends with it (input_pipeline.trains_eot)
+
 PAIR_SOURCES = ('offline', 'files', 'tfds')
 Pair = list[str]  # [source sentence, target sentence]
 

@@ -101,10 +101,12 @@ def _uncached_steps(model, params, prompt_BP, lengths_B, max_new_tokens):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'model', 'max_new_tokens', 'temperature', 'top_k', 'eot_id', 'pad_id', 'use_cache'))
+    'model', 'max_new_tokens', 'temperature', 'top_k', 'eot_id', 'pad_id', 'use_cache',
+    'banned_ids'))
 def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
            max_new_tokens: int, rng: Array, temperature: float = 0.0, top_k: int = 0,
-           eot_id: int | None = None, pad_id: int = 0, use_cache: bool = True) -> Array:
+           eot_id: int | None = None, pad_id: int = 0, use_cache: bool = True,
+           banned_ids: tuple[int, ...] = ()) -> Array:
   """Continues each prompt by max_new_tokens tokens (B, max_new_tokens), int32.
 
   prompt_ids_BP: prompts right-padded to a common length P; prompt_lengths_B
@@ -112,6 +114,7 @@ def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
   greedy; top_k 0 keeps the whole vocabulary. After a row generates eot_id,
   its later tokens are pad_id. Step t draws with jax.random.fold_in(rng, t),
   so the cached and uncached (use_cache=False, the reference) paths agree.
+  The tokens in banned_ids are never drawn (tokens that are not text, such as padding).
   The cached path scores the whole prompt in one call (B, P, V logits), then
   one token per call; the uncached one reruns all P + max_new_tokens positions.
   """
@@ -129,7 +132,11 @@ def sample(model, params: Any, prompt_ids_BP: Array, prompt_lengths_B: Array, *,
   lengths_B = prompt_lengths_B.astype(jnp.int32)
   steps: Callable = _cached_steps if use_cache else _uncached_steps
   start, step = steps(model, params, prompt_ids_BP.astype(jnp.int32), lengths_B, N)
-  choose = functools.partial(choose_tokens, rng=rng, temperature=temperature, top_k=top_k)
+  def choose(logits_BV, step):
+    if banned_ids:
+      logits_BV = logits_BV.at[:, list(banned_ids)].set(-jnp.inf)
+    return choose_tokens(logits_BV, rng, step, temperature=temperature, top_k=top_k)
+
   finished = ((lambda tok_B: tok_B == eot_id) if eot_id is not None
               else (lambda tok_B: jnp.zeros_like(tok_B, bool)))
 

@@ -19,11 +19,13 @@ from safetensors.numpy import load_file, save_file
 from trainer import checkpoints
 import convert_checkpoint
 from configs import bert_finetune
+from configs import gpt as gpt_configs
 from configs import gpt_finetune as gpt_finetune_configs
 import input_pipeline
 from input_pipeline.common import tokenizer as tokenizer_lib
 from models import bert
 import trainer.checks
+import trainer.loop
 import trainer.state
 
 # The reference implementations (requirements-parity.txt, installed by requirements-dev.txt):
@@ -383,6 +385,31 @@ def test_gpt_hidden_states_and_tokenizer_match_transformers(hf_gpt, tmp_path):
   trainer.checks.inherit_unset_fields(finetune, str(tmp_path / 'finetuned'))
   trainer.checks.check_init_from(finetune)
   assert finetune.model.vocab_size == V + 5 and finetune.data.lower_case is True
+
+
+def test_converted_gpt_generates_as_transformers_does(hf_gpt, tmp_path):
+  """openai-gpt had no end-of-text token: generate.py puts none before the prompt and never
+  draws one of the special tokens, whose rows grow_token_embedding drew at random."""
+  import generate  # pylint: disable=g-import-not-at-top
+  path, reference = hf_gpt
+  run = str(tmp_path / 'run')
+  convert_checkpoint.convert('hf', str(path), run)
+  assert checkpoints.newest_data(run)['eot_trained'] is False
+  _, _, _, tokenizer = trainer.state.load_trained(run, 'gpt', 'test')
+  prompts = ['the quick brown', 'a dog']
+  ours = generate.generate(run, prompts, max_new_tokens=10, temperature=0.0, top_k=0, seed=0)
+  for prompt, text in zip(prompts, ours):
+    with torch.no_grad():
+      theirs = reference.generate(torch.tensor([tokenizer.encode(prompt)]), do_sample=False,
+                                  max_new_tokens=10, pad_token_id=0)
+    assert text == tokenizer.decode(theirs[0].tolist()), prompt
+  with pytest.raises(ValueError, match='give every --prompt some text'):
+    generate.generate(run, ['a dog', ''], max_new_tokens=2, temperature=0.0, top_k=0, seed=0)
+  # Fine-tuning from it does not train the token either; GPT pretraining from it does.
+  before = checkpoints.newest_data(run)
+  assert trainer.loop.has_trained_eot(gpt_finetune_configs.get_config('offline_shuffled'),
+                                      before) is False
+  assert trainer.loop.has_trained_eot(gpt_configs.get_config('tiny'), before) is True
 
 
 # Bad input.

@@ -155,6 +155,17 @@ def test_generation_stops_at_end_of_text():
       assert (row[first[b] + 1:] == 0).all()
 
 
+@pytest.mark.parametrize('top_k', [0, 3])
+def test_banned_tokens_are_never_drawn(top_k):
+  model = _model()
+  params = _params(model)
+  free = _sample(model, params, True, temperature=0.0)
+  banned = tuple(sorted(set(free[:, :3].ravel().tolist())))  # the greedy rows' first tokens
+  for temperature in (0.0, 1.0):
+    drawn = _sample(model, params, True, temperature=temperature, top_k=top_k, banned_ids=banned)
+    assert not np.isin(drawn, banned).any(), (temperature, drawn)
+
+
 def test_too_long_generation_is_refused():
   model = _model()
   with pytest.raises(ValueError, match='max_position_embeddings'):

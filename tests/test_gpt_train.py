@@ -16,6 +16,7 @@ import end_to_end
 from configs import gpt_finetune as finetune_configs
 import input_pipeline
 from models import gpt
+from trainer import checkpoints
 from trainer import sharding
 import trainer.checks
 import trainer.loop
@@ -101,6 +102,9 @@ def test_finetuning_from_pretrained_beats_the_majority_class(pretrained, data_di
   final = [m for m in read_metrics(tmp_path) if 'eval_accuracy' in m][-1]
   print(f"offline_shuffled eval accuracy {final['eval_accuracy']:.3f}")
   assert final['eval_accuracy'] > 0.6  # the task is balanced: the majority class scores 0.5
+  # The pretraining trained <|endoftext|>; its checkpoints say so, and the fine-tuning's too.
+  assert checkpoints.newest_data(pretrained)['eot_trained'] is True
+  assert checkpoints.newest_data(str(tmp_path))['eot_trained'] is True
 
 
 @pytest.mark.slow

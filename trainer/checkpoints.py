@@ -63,10 +63,12 @@ def _all_shards(shard_states: dict[int, dict[str, int]], num_shards: int
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any,
          shard_states: dict[int, dict[str, int]], num_shards: int, *, phase: int = 0,
-         positions: int | None = None) -> None:
+         positions: int | None = None, eot_trained: bool | None = None) -> None:
   """Starts an async save; device buffers are copied before this returns. With the data
-  shards' positions go the training phase they are in (trainer/phases.py) and the positions
-  the parameters have trained (the longest sequence so far; None: not known).
+  shards' positions go the training phase they are in (trainer/phases.py), the positions
+  the parameters have trained (the longest sequence so far; None: not known) and whether the
+  end-of-text token's embedding was ever trained (False: a converted openai-gpt, which had
+  none; None: not known).
 
   Refuses (FloatingPointError) a state with a non-finite array: a checkpoint
   is always one to resume from.
@@ -80,7 +82,8 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any,
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards), 'phase': phase,
-                                'positions': positions, 'checksums': checksums(state)})),
+                                'positions': positions, 'eot_trained': eot_trained,
+                                'checksums': checksums(state)})),
               force=True)
 
 
@@ -230,7 +233,8 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
   if why:
     return None, None, why
   return restored['state'], {'shards': shards, 'phase': data.get('phase', 0),
-                             'positions': data.get('positions')}, None
+                             'positions': data.get('positions'),
+                             'eot_trained': data.get('eot_trained')}, None
 
 
 class _Unreadable(Exception):
@@ -239,7 +243,7 @@ class _Unreadable(Exception):
 
 def newest_data(workdir: str) -> dict[str, Any] | None:
   """The data item of the workdir's newest readable checkpoint (data shards' positions, phase,
-  trained positions); None without a checkpoint. Creates nothing."""
+  trained positions, eot_trained); None without a checkpoint. Creates nothing."""
   if not exist(workdir):
     return None
   verbosity = logging.get_verbosity()
@@ -268,7 +272,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
             ) -> tuple[Any, dict[str, Any]]:
   """The newest checkpoint that restores: (state on the given shardings, its data: every data
   shard's position under 'shards', the phase under 'phase', the trained positions under
-  'positions').
+  'positions', whether eot was trained under 'eot_trained').
 
   A checkpoint that cannot be read, holds a non-finite array or an array whose bytes no
   longer match the checksums saved with it is reported in one line and moved to

@@ -60,6 +60,7 @@ class Run:
   mngr: Any
   phases: list[phases_lib.Phase]
   positions: int  # the longest sequence the parameters have trained on, before this run's phases
+  eot_trained: bool | None  # end-of-text's embedding trained, by this run or before (None: unknown)
   phase: phases_lib.Phase | None = None
   train_iter: Any = None
   train_step: Callable | None = None
@@ -77,6 +78,12 @@ class Run:
     """The positions trained up to the current phase, this run's or those it started from."""
     reached = self.phases[:self.phase.index + 1]
     return max([self.positions] + [p.max_seq_length or 0 for p in reached])
+
+
+def has_trained_eot(config, before: dict | None) -> bool | None:
+  """Whether the end-of-text token's embedding has trained, in this run or (`before`: the
+  checkpoint data of the run it resumes or starts from) earlier; None: not known."""
+  return True if input_pipeline.trains_eot(config.data) else (before or {}).get('eot_trained')
 
 
 def setup(config, workdir: str, mesh) -> Run:
@@ -116,18 +123,20 @@ def setup(config, workdir: str, mesh) -> Run:
   # shards once its data is built (below), so that a bad split stops it before the init
   # program compiles.
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
-  data, positions = None, 0
+  data, positions, before = None, 0, None
   if resuming:
     check_resumable_params(config, workdir, state.params)
     state, data = checkpoints.restore(mngr, state, workdir)
-    positions = data['positions'] or 0
+    positions, before = data['positions'] or 0, data
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
     positions = phases_lib.trained_positions(config.init_from) or 0
+    before = checkpoints.newest_data(config.init_from)
+  eot_trained = has_trained_eot(config, before)
   write_workdir_files(config, workdir, tokenizer)
   run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
-            phases_lib.of(config), positions)
+            phases_lib.of(config), positions, eot_trained)
   step = int(state.step) if resuming else 0
   phase = phases_lib.at(run.phases, step)
   if data and data['phase'] != phase.index:
@@ -270,7 +279,8 @@ class Progress:
       with self.stop.deferred():
         checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
                          self.run.data_shards, phase=self.run.phase.index,
-                         positions=self.run.trained_positions())
+                         positions=self.run.trained_positions(),
+                         eot_trained=self.run.eot_trained)
     except FloatingPointError as e:
       raise FloatingPointError(
           f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '
