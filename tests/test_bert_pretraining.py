@@ -426,6 +426,12 @@ def test_user_errors_are_one_line():
     next(make_iterator(data_config(), ()))
   with pytest.raises(ValueError, match='has no text'):
     next(make_iterator(data_config(), (('',), ('', ''))))
+  # Text, but no document of two sentences for NSP to pair: the message says so.
+  one_line = tuple((doc[0],) for doc in make_documents(30))
+  with pytest.raises(ValueError, match='no document of two sentences or more for next '
+                     r'sentence prediction .*data.next_sentence_prediction=False'):
+    next(make_iterator(data_config(docs_per_chunk=10), one_line))
+  next(make_iterator(data_config(docs_per_chunk=10, next_sentence_prediction=False), one_line))
   with pytest.raises(ValueError, match='max_predictions_per_seq'):
     make_iterator(data_config(max_predictions_per_seq=500), make_documents(5))
   resumed = make_iterator(data_config(docs_per_chunk=2), make_documents(5))

@@ -140,6 +140,21 @@ def test_tfds_documents(tmp_path):
   assert [d[0] for d in explicit[0]] == texts  # mock slices ignore the bounds
 
 
+def test_tokenized_tfds_text_is_one_sentence_a_line(tmp_path, monkeypatch):
+  # lm1b read as bilm-tf reads it (data.split_words=spaces): 'Sen. Barack Obama , D-Ill. ,
+  # said .' is one sentence, where the split for raw text would end one at 'Sen.'. Here a
+  # splitter that cuts at every space stands in for it (the mock's texts have no sentence end).
+  tfds = pytest.importorskip('tensorflow_datasets')
+  monkeypatch.setattr(sources, 'split_sentences', str.split)
+  texts = _mock_texts(tfds, 3)
+  with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
+    raw = list(sources.documents(_tfds_cfg(tmp_path, eval_holdout=100), 'train'))
+    tokenized = list(sources.documents(_tfds_cfg(tmp_path, eval_holdout=100,
+                                                 split_words='spaces'), 'train'))
+  assert tokenized == [[t] for t in texts[1:]]  # the first is held out for eval
+  assert raw == [t.split() for t in texts[1:]] != tokenized
+
+
 def test_a_tfds_name_tfds_does_not_know_is_one_line_with_the_nearest_name(tmp_path):
   """Before the model is built (input_pipeline.check_source, called by trainer.loop.setup);
   TFDS's own error lists every dataset it has, 457 lines."""

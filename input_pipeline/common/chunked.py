@@ -163,8 +163,14 @@ class ChunkedIterator:
     self._examples = {k: v.view(np.ndarray) for k, v in examples.items()}
     if chunk == 0 and not first:
       if not self._pass_has_examples:
+        # BERT's NSP pairs sentences of one document: a corpus of one-sentence documents
+        # (lm1b, or text without blank lines between documents) has text but no pair.
+        nsp = (' or no document of two sentences or more for next sentence prediction (one '
+               'sentence a line, a blank line between documents; or set '
+               'data.next_sentence_prediction=False)'
+               if self._cfg.get('next_sentence_prediction') else '')
         raise ValueError(f'Split {self._split!r} of data source {self._cfg.source!r} has no '
-                         'text: check config.data.source and its files/tfds fields.')
+                         f'text{nsp}: check config.data.source and its files/tfds fields.')
       self._pass_has_examples = False
     self._epoch, self._chunk = epoch, chunk
     num_examples = _num_examples(self._examples)

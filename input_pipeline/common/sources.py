@@ -223,7 +223,10 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
   dataset = builder.as_dataset(split=host_splits[process_index],
                                shuffle_files=False)
   dataset = dataset.map(lambda example: example[feature])
-  docs = _decoded_documents(tfds.as_numpy(dataset), f'{data_cfg.tfds_name}:{tfds_split}')
+  # Tokenized text (data.split_words=spaces: lm1b as bilm-tf and cvt_text read it) is one
+  # sentence a line already; raw text's paragraphs are split into sentences.
+  docs = _decoded_documents(tfds.as_numpy(dataset), f'{data_cfg.tfds_name}:{tfds_split}',
+                            split=words_lib.split_of(data_cfg) != 'spaces')
   if not data_cfg.tfds_eval_split:
     # The holdout index counts from the start of the whole split, so the eval
     # documents do not depend on the number of hosts.
@@ -233,21 +236,25 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
   return (doc for doc in docs if doc)
 
 
-def _decoded_documents(texts: Iterable[bytes], name: str) -> Iterator[Document]:
-  """UTF-8 documents; undecodable ones are skipped and counted at the end of the pass."""
+def _decoded_documents(texts: Iterable[bytes], name: str, split: bool = True
+                       ) -> Iterator[Document]:
+  """UTF-8 documents (`split`: their paragraphs split into sentences, else each line one
+  sentence); undecodable ones are skipped and counted at the end of the pass."""
   skipped = 0
   for text in texts:
     try:
-      yield _text_document(text.decode('utf-8'))
+      yield _text_document(text.decode('utf-8'), split)
     except UnicodeDecodeError:
       skipped += 1
   if skipped:
     logging.warning('Skipped %d documents of %s that are not valid UTF-8.', skipped, name)
 
 
-def _text_document(text: str) -> Document:
-  """Sentences of a text whose paragraphs are separated by newlines."""
-  return [s for paragraph in text.splitlines() for s in split_sentences(paragraph)]
+def _text_document(text: str, split: bool = True) -> Document:
+  """Sentences of a text whose paragraphs are separated by newlines (`split`: each paragraph
+  split into its sentences, else each line one sentence)."""
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return [s for line in lines for s in split_sentences(line)] if split else lines
 
 
 # An end mark, optional closing quotes/brackets, space, then what can start a
