@@ -10,10 +10,10 @@
 
 ELMo (Peters et al. 2018, sec. 3.2), from a configs/elmo.py run:
 
-One sentence per line (empty lines are skipped), split into words as the
-pretraining text was. Each sentence becomes one dataset named by its line's
-index among the non-empty lines ("0", "1", ...), as bilm-tf's
-dump_bilm_embeddings does: --layers=all (the default) gives (L+1, n, 2D)
+One sentence per line, split into words as the pretraining text was. Each
+line becomes one dataset named by its index in the file ("0", "1", ...), as
+bilm-tf's dump_bilm_embeddings numbers them (an empty line gets an array of
+0 words): --layers=all (the default) gives (L+1, n, 2D)
 float32 (the token layer duplicated, then each LSTM layer's [forward;
 backward]); top gives the top layer (n, 2D); average the equal-weight mix
 (n, 2D). The <S> and </S> the biLM reads around the sentence are left out.
@@ -37,7 +37,9 @@ needs --allow_untrained_positions) is truncated as the reference
 does: a sentence loses its last tokens, a pair one token at a time from the
 end of its longer side; one warning counts such lines. Layer indices run
 over the hidden states: 0 is the embedding output, i the output of layer i,
-and negative ones count from the top (-1 the last layer). --layers is a
+and negative ones count from the top (-1 the last layer); the reference
+numbers the layers alone, so its 0 is our 1 (negative ones agree). An empty
+line is read as [CLS] [SEP], as the reference reads it. --layers is a
 comma list of them (default -1,-2,-3,-4, as the reference) and gives (J, n,
 D) float32 per line, n counting [CLS] and [SEP]. --combine gives one (n, D)
 or (n, 4D) array instead, as the feature-based NER rows of table 7:
@@ -48,13 +50,19 @@ the formulas). A dataset "tokens" holds the JSON list, per line, of its
 WordPiece tokens (the rows of its array).
 
 All write a dataset "sentence_to_index" holding a JSON object from each
-line's text to its index, as allennlp's elmo command writes.
+line's text to its dataset's name (a line given twice: its last), as
+allennlp's elmo command writes. Lines of similar length share a forward pass
+of at most --batch_size lines and --max_batch_tokens padded tokens (a longer
+line goes alone); each batch's features are written as it finishes, into
+OUTPUT.tmp, renamed to --output once complete.
 """
 
 import dataclasses
 import json
 import os
 import sys
+from typing import Iterator
+import zipfile
 
 from absl import app
 from absl import flags
@@ -88,11 +96,16 @@ def load_bilm(workdir: str) -> tuple[ml_collections.ConfigDict, elmo.Model, dict
 
 
 def read_sentences(path: str) -> list[str]:
+  """Every line of the file, stripped (a byte-order mark too)."""
   if not os.path.isfile(path):
     raise ValueError(f'--input={path!r} does not exist: pass a text file, one sentence per line.')
-  with open(path, encoding='utf-8') as f:
-    sentences = [line.strip() for line in f if line.strip()]
-  if not sentences:
+  try:
+    with open(path, encoding='utf-8-sig') as f:
+      sentences = [line.strip() for line in f]
+  except UnicodeDecodeError as e:
+    raise ValueError(f'--input={path!r} is not UTF-8 text ({e.reason} at byte {e.start}): '
+                     'convert it to UTF-8.') from None
+  if not any(sentences):
     raise ValueError(f'--input={path!r} has no sentences: one sentence per line.')
   return sentences
 
@@ -102,9 +115,43 @@ def _bucket(length: int) -> int:
   return max(8, 1 << (length - 1).bit_length())
 
 
+def batches(lengths: list[int], batch_size: int, max_tokens: int, longest: int | None = None
+            ) -> Iterator[tuple[list[int], int, int]]:
+  """(indices, padded rows, padded length) of each forward pass over the items of nonzero
+  length, sorted by length so that a batch pads little: at most batch_size rows and, but for
+  one long item alone, max_tokens padded tokens. Padded lengths are _bucket's (at most
+  `longest`), padded rows powers of two up to batch_size, so few shapes are compiled."""
+  order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+  start = 0
+  while start < len(order):
+    rows = min(batch_size, len(order) - start)
+    while True:
+      length = _bucket(lengths[order[start + rows - 1]])
+      length = min(length, longest) if longest else length
+      fit = 1 << (max(1, max_tokens // length).bit_length() - 1)  # rows that fit, a power of 2
+      if rows <= fit:
+        break
+      rows = fit
+    yield order[start:start + rows], min(batch_size, 1 << (rows - 1).bit_length()), length
+    start += rows
+
+
+def _with_empty_lines(computed: Iterator[tuple[int, np.ndarray]], empty: list[int], word_axis: int
+                      ) -> Iterator[tuple[int, np.ndarray]]:
+  """The computed features, then each empty line's: the first one's shape with 0 words."""
+  shape = None
+  for i, x in computed:
+    shape = shape or x.shape
+    yield i, x
+  for i in empty:
+    yield i, np.zeros(shape[:word_axis] + (0,) + shape[word_axis + 1:], np.float32)
+
+
 def representations(model: elmo.Model, params, vocab, config, sentences: list[str], *,
-                    layers: str, batch_size: int) -> list[np.ndarray]:
-  """Per sentence, its words' ELMo layers (J, n, 2D), or the top or averaged layer (n, 2D)."""
+                    layers: str, batch_size: int, max_tokens: int = 4096
+                    ) -> Iterator[tuple[int, np.ndarray]]:
+  """Per line (index, its words' ELMo layers (J, n, 2D), or the top or averaged layer (n, 2D)),
+  batch by batch."""
   width = config.data.max_characters_per_token
 
   @jax.jit
@@ -115,30 +162,32 @@ def representations(model: elmo.Model, params, vocab, config, sentences: list[st
     return {'all': layers_BJLX, 'top': layers_BJLX[:, -1],
             'average': layers_BJLX.mean(axis=1)}[layers]
 
-  framed = [vocab.sentence(vocab.words_of(s), width) for s in sentences]
-  # Sorted by length, so a batch pads little.
-  order = sorted(range(len(sentences)), key=lambda i: len(framed[i][0]))
-  results = [None] * len(sentences)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = _bucket(max(len(framed[i][0]) for i in chunk))
-    char_ids = np.zeros((batch_size, length, width), np.int32)
-    lengths = np.zeros(batch_size, np.int32)
-    for row, i in enumerate(chunk):
-      n = len(framed[i][0])
-      char_ids[row, :n], lengths[row] = framed[i][1], n
-    out = np.asarray(run(params['bilm'], jnp.asarray(char_ids), jnp.asarray(lengths)), np.float32)
-    for row, i in enumerate(chunk):
-      # Positions 1 .. n-2: the words, without <S> and </S>.
-      words = slice(1, lengths[row] - 1)
-      results[i] = out[row][:, words] if layers == 'all' else out[row][words]
-  return results
+  words = [vocab.words_of(s) for s in sentences]
+  # With <S> and </S>; an empty line is not run.
+  lengths = [len(w) + 2 if w else 0 for w in words]
+
+  def computed():
+    for chunk, rows, length in batches(lengths, batch_size, max_tokens):
+      char_ids = np.zeros((rows, length, width), np.int32)
+      for row, i in enumerate(chunk):
+        char_ids[row, :lengths[i]] = vocab.sentence(words[i], width)[1]
+      lengths_B = np.zeros(rows, np.int32)
+      lengths_B[:len(chunk)] = [lengths[i] for i in chunk]
+      out = np.asarray(run(params['bilm'], jnp.asarray(char_ids), jnp.asarray(lengths_B)),
+                       np.float32)
+      for row, i in enumerate(chunk):
+        kept = slice(1, lengths[i] - 1)  # the words, without <S> and </S>
+        yield i, (out[row][:, kept] if layers == 'all' else out[row][kept])
+
+  return _with_empty_lines(computed(), [i for i, n in enumerate(lengths) if not n],
+                           1 if layers == 'all' else 0)
 
 
 def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[str], *,
-                  glove_file: str = '', cove_only: bool = False,
-                  batch_size: int = 32) -> list[np.ndarray]:
-  """Per sentence, [GloVe(w); CoVe(w)] (n, W + X) of its words, or CoVe(w) (n, X) alone."""
+                  glove_file: str = '', cove_only: bool = False, batch_size: int = 32,
+                  max_tokens: int = 4096) -> Iterator[tuple[int, np.ndarray]]:
+  """Per line (index, [GloVe(w); CoVe(w)] (n, W + X) of its words, or CoVe(w) (n, X) alone),
+  batch by batch."""
   lower = config.data.lower_case
   sentence_words = [words_lib.word_tokens(s.lower() if lower else s) for s in sentences]
   table = np.asarray(params['word_vectors']['table']['embedding'])
@@ -167,23 +216,23 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
   def encode(vectors_BSW, lengths_B):
     return model.apply({'params': params}, vectors_BSW, lengths_B, method='encode_vectors')[-1]
 
-  order = sorted(range(len(sentences)), key=lambda i: len(sentence_words[i]))
-  results = [None] * len(sentences)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = _bucket(max(len(sentence_words[i]) for i in chunk))
-    vectors_BSW = np.zeros((batch_size, length, table.shape[1]), np.float32)
-    lengths_B = np.zeros(batch_size, np.int32)
-    for r, i in enumerate(chunk):
-      words = sentence_words[i]
-      vectors_BSW[r, :len(words)] = word_vectors(words)
-      lengths_B[r] = len(words)
-    states_BSX = np.asarray(encode(jnp.asarray(vectors_BSW), jnp.asarray(lengths_B)), np.float32)
-    for r, i in enumerate(chunk):
-      n = lengths_B[r]
-      parts = [states_BSX[r, :n]] if cove_only else [vectors_BSW[r, :n], states_BSX[r, :n]]
-      results[i] = np.concatenate(parts, axis=-1)
-  return results
+  lengths = [len(words) for words in sentence_words]
+
+  def computed():
+    for chunk, rows, length in batches(lengths, batch_size, max_tokens):
+      vectors_BSW = np.zeros((rows, length, table.shape[1]), np.float32)
+      lengths_B = np.zeros(rows, np.int32)
+      for r, i in enumerate(chunk):
+        vectors_BSW[r, :lengths[i]] = word_vectors(sentence_words[i])
+        lengths_B[r] = lengths[i]
+      states_BSX = np.asarray(encode(jnp.asarray(vectors_BSW), jnp.asarray(lengths_B)),
+                              np.float32)
+      for r, i in enumerate(chunk):
+        n = lengths[i]
+        parts = [states_BSX[r, :n]] if cove_only else [vectors_BSW[r, :n], states_BSX[r, :n]]
+        yield i, np.concatenate(parts, axis=-1)
+
+  return _with_empty_lines(computed(), [i for i, n in enumerate(lengths) if not n], 0)
 
 
 def layer_indices(layers: str) -> list[int] | None:
@@ -245,10 +294,12 @@ def bert_inputs(tokenizer, lines: list[str], max_seq_length: int
 
 def bert_features(model: bert.Model, params, tokenizer, config, lines: list[str], *,
                   layers: str = '', combine: str = '', max_seq_length: int | None = None,
-                  batch_size: int = 32, trained: int | None = None,
-                  allow_untrained: bool = False) -> tuple[list[np.ndarray], list[list[str]]]:
-  """Per line, its hidden states (J, n, D) at the --layers indices, or their --combine (n, X);
-  and its n WordPiece tokens. `trained`: the positions the run trained (default: all)."""
+                  batch_size: int = 32, max_tokens: int = 4096, trained: int | None = None,
+                  allow_untrained: bool = False
+                  ) -> tuple[Iterator[tuple[int, np.ndarray]], list[list[str]]]:
+  """Per line (index, its hidden states (J, n, D) at the --layers indices, or their --combine
+  (n, X)), batch by batch; and each line's n WordPiece tokens. `trained`: the positions the run
+  trained (default: all)."""
   if config.data.get('tokenizer', 'wordpiece') != 'wordpiece':
     raise ValueError(f'This BERT run uses data.tokenizer={config.data.tokenizer!r}: '
                      'extract_features.py reads WordPiece runs ([CLS] A [SEP] B [SEP]).')
@@ -292,61 +343,89 @@ def bert_features(model: bert.Model, params, tokenizer, config, lines: list[str]
   if truncated:
     logging.warning('%d of %d lines were longer than --max_seq_length=%d tokens and were '
                     'truncated.', truncated, len(lines), max_seq_length)
-  order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
-  results = [None] * len(lines)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = min(_bucket(max(len(ids[i]) for i in chunk)), max_seq_length)
-    ids_BL = np.zeros((batch_size, length), np.int32)
-    segment_ids_BL = np.zeros((batch_size, length), np.int32)
-    mask_BL = np.zeros((batch_size, length), np.int32)
-    for row, i in enumerate(chunk):
-      n = len(ids[i])
-      ids_BL[row, :n], mask_BL[row, :n] = ids[i], 1
-      segment_ids_BL[row, first_segment[i]:n] = 1
-    out = np.asarray(run(params, jnp.asarray(ids_BL), jnp.asarray(segment_ids_BL),
-                         jnp.asarray(mask_BL)), np.float32)
-    for row, i in enumerate(chunk):
-      n = len(ids[i])
-      results[i] = out[row][:n] if combine else out[row][:, :n]
-  return results, [tokenizer.convert_ids_to_tokens(i) for i in ids]
+
+  def computed():
+    for chunk, rows, length in batches([len(i) for i in ids], batch_size, max_tokens,
+                                       longest=max_seq_length):
+      ids_BL = np.zeros((rows, length), np.int32)
+      segment_ids_BL = np.zeros((rows, length), np.int32)
+      mask_BL = np.zeros((rows, length), np.int32)
+      for row, i in enumerate(chunk):
+        n = len(ids[i])
+        ids_BL[row, :n], mask_BL[row, :n] = ids[i], 1
+        segment_ids_BL[row, first_segment[i]:n] = 1
+      out = np.asarray(run(params, jnp.asarray(ids_BL), jnp.asarray(segment_ids_BL),
+                           jnp.asarray(mask_BL)), np.float32)
+      for row, i in enumerate(chunk):
+        n = len(ids[i])
+        yield i, (out[row][:n] if combine else out[row][:, :n])
+
+  return computed(), [tokenizer.convert_ids_to_tokens(i) for i in ids]
 
 
-def write(path: str, sentences: list[str], features: list[np.ndarray],
+class FeatureFile:
+  """The output, .h5/.hdf5 (hdf5) or .npz, written dataset by dataset into path + '.tmp' and
+  renamed to `path` once closed without an error: a crash leaves no half-written file under
+  the output name (and removes the temporary one).
+
+      with FeatureFile('features.h5') as out:
+        out.add('0', features)
+        out.add_text('sentence_to_index', json.dumps(index))
+  """
+
+  def __init__(self, path: str):
+    self.path, self.tmp = path, path + '.tmp'
+    self._npz = path.endswith('.npz')
+
+  def __enter__(self):
+    if self._npz:  # what np.savez writes, one member at a time: <name>.npy in a zip
+      self._file = zipfile.ZipFile(self.tmp, 'w', zipfile.ZIP_STORED, allowZip64=True)
+    else:
+      import h5py  # pylint: disable=g-import-not-at-top
+      self._file = h5py.File(self.tmp, 'w')
+    return self
+
+  def add(self, name: str, x: np.ndarray) -> None:
+    if self._npz:
+      with self._file.open(f'{name}.npy', 'w', force_zip64=True) as member:
+        np.lib.format.write_array(member, np.asanyarray(x), allow_pickle=False)
+    else:
+      self._file.create_dataset(name, data=x)
+
+  def add_text(self, name: str, text: str) -> None:
+    """A string dataset: a 0-d str array in .npz, one variable-length string in hdf5."""
+    if self._npz:
+      self.add(name, np.array(text))
+    else:
+      import h5py  # pylint: disable=g-import-not-at-top
+      self._file.create_dataset(name, data=np.array([text], dtype=h5py.string_dtype()))
+
+  def __exit__(self, kind, value, traceback):
+    self._file.close()
+    if kind is None:
+      os.replace(self.tmp, self.path)
+    elif os.path.exists(self.tmp):
+      os.remove(self.tmp)
+
+
+def write(path: str, sentences: list[str], features: Iterator[tuple[int, np.ndarray]],
           tokens: list[list[str]] | None = None) -> None:
-  """hdf5 (.h5, .hdf5) or npz (.npz): dataset str(i) per sentence, plus sentence_to_index, and
-  with `tokens` a dataset 'tokens' holding them as JSON (stored as sentence_to_index is)."""
-  index = json.dumps({s: i for i, s in reversed(list(enumerate(sentences)))})
-  texts = {} if tokens is None else {'tokens': json.dumps(tokens)}
-  tmp = path + '.tmp'
-  try:
-    _write_file(tmp, index, features, texts)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-  os.replace(tmp, path)  # a crash leaves no half-written file under the output name
-
-
-def _write_file(tmp: str, index: str, features: list[np.ndarray], texts: dict[str, str]) -> None:
-  texts = {'sentence_to_index': index, **texts}
-  if tmp.endswith('.npz.tmp'):
-    with open(tmp, 'wb') as f:
-      np.savez(f, **{k: np.array(v) for k, v in texts.items()},
-               **{str(i): x for i, x in enumerate(features)})
-  else:
-    import h5py  # pylint: disable=g-import-not-at-top
-    with h5py.File(tmp, 'w') as f:
-      for i, x in enumerate(features):
-        f.create_dataset(str(i), data=x)
-      for name, text in texts.items():
-        f.create_dataset(name, data=np.array([text], dtype=h5py.string_dtype()))
+  """Dataset str(i) for each (i, features) as it comes, then sentence_to_index (each line's
+  text to its dataset's name, the last line's where a text repeats) and, with `tokens`, a
+  dataset 'tokens' holding them as JSON."""
+  with FeatureFile(path) as out:
+    for i, x in features:
+      out.add(str(i), x)
+    out.add_text('sentence_to_index', json.dumps({s: str(i) for i, s in enumerate(sentences)}))
+    if tokens is not None:
+      out.add_text('tokens', json.dumps(tokens))
 
 
 def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
-            batch_size: int = 32, glove: str = '', cove_only: bool = False, combine: str = '',
-            max_seq_length: int | None = None, allow_untrained_positions: bool = False) -> int:
-  """Writes the features of every line of `input_path` to `output`; returns the count.
+            batch_size: int = 32, max_batch_tokens: int = 4096, glove: str = '',
+            cove_only: bool = False, combine: str = '', max_seq_length: int | None = None,
+            allow_untrained_positions: bool = False) -> int:
+  """Writes the features of every line of `input_path` to `output`; returns the line count.
 
   Empty `layers` (and None `max_seq_length`) mean the run's default.
   """
@@ -355,8 +434,8 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
                      f'such as {BERT_LAYERS} (BERT).')
   if not output.endswith(('.h5', '.hdf5', '.npz')):
     raise ValueError(f'--output={output!r}: name a .h5, .hdf5 or .npz file.')
-  if batch_size < 1:
-    raise ValueError('--batch_size must be 1 or more.')
+  if batch_size < 1 or max_batch_tokens < 1:
+    raise ValueError('--batch_size and --max_batch_tokens must be 1 or more.')
   if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
     raise ValueError(f'--output={output!r}: its directory does not exist; create it first.')
   sentences = read_sentences(input_path)
@@ -366,18 +445,18 @@ def extract(workdir: str, input_path: str, output: str, *, layers: str = '',
   check_flags(config.model_name, layers=layers, combine=combine, max_seq_length=max_seq_length,
               glove=glove, cove_only=cove_only)
   tokens = None
+  sizes = dict(batch_size=batch_size, max_tokens=max_batch_tokens)
   if config.model_name == 'cove':
     features = cove_features(model, params, vocab, config, sentences, glove_file=glove,
-                             cove_only=cove_only, batch_size=batch_size)
+                             cove_only=cove_only, **sizes)
   elif config.model_name == 'bert':
     features, tokens = bert_features(model, params, vocab, config, sentences, layers=layers,
                                      combine=combine, max_seq_length=max_seq_length,
-                                     batch_size=batch_size,
                                      trained=phases.trained_positions(workdir),
-                                     allow_untrained=allow_untrained_positions)
+                                     allow_untrained=allow_untrained_positions, **sizes)
   else:
     features = representations(model, params, vocab, config, sentences, layers=layers or 'all',
-                               batch_size=batch_size)
+                               **sizes)
   write(output, sentences, features, tokens)
   return len(sentences)
 
@@ -393,12 +472,12 @@ def main(argv):
     sys.exit('extract_features.py: error: pass --workdir=DIR --input=FILE --output=FILE.h5.')
   try:
     count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size,
-                    glove=f.glove, cove_only=f.cove_only, combine=f.combine,
+                    max_batch_tokens=f.max_batch_tokens, glove=f.glove, cove_only=f.cove_only, combine=f.combine,
                     max_seq_length=f.max_seq_length,
                     allow_untrained_positions=f.allow_untrained_positions)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'extract_features.py: error: {e}')
-  print(f'Wrote the features of {count} sentences to {f.output}.', flush=True)
+  print(f'Wrote the features of {count} lines to {f.output}.', flush=True)
 
 
 if __name__ == '__main__':
@@ -414,5 +493,7 @@ if __name__ == '__main__':
                     'the positions the run trained (a run without its 512-token phase).')
   flags.DEFINE_string('glove', '', 'CoVe: GloVe text file for GloVe(w) (default: the run\'s).')
   flags.DEFINE_bool('cove_only', False, 'CoVe: write CoVe(w) without GloVe(w).')
-  flags.DEFINE_integer('batch_size', 32, 'Sentences per forward pass.')
+  flags.DEFINE_integer('batch_size', 32, 'Lines per forward pass, at most.')
+  flags.DEFINE_integer('max_batch_tokens', 4096, 'Padded tokens per forward pass, at most (a '
+                       'longer line goes alone).')
   app.run(main)

@@ -81,8 +81,7 @@ def bert_run(tmp_path_factory):
 @pytest.fixture(scope='module')
 def lines_file(tmp_path_factory):
   path = tmp_path_factory.mktemp('lines') / 'lines.txt'
-  # The empty line is skipped, as for ELMo: datasets are numbered among the non-empty lines.
-  path.write_text(LINES[0] + '\n\n' + '\n'.join(LINES[1:]) + '\n', encoding='utf-8')
+  path.write_text('\n'.join(LINES) + '\n', encoding='utf-8')
   return str(path)
 
 
@@ -129,7 +128,7 @@ def test_features_are_the_hidden_states_of_the_lines_tokens(
   # Two lines per batch: padded rows of different lengths, read back in the input order.
   assert extract_features.extract(workdir, lines_file, output, layers=layers, batch_size=2) == 3
   data, texts = read(output)
-  assert texts['sentence_to_index'] == {line: i for i, line in enumerate(LINES)}
+  assert texts['sentence_to_index'] == {line: str(i) for i, line in enumerate(LINES)}
   assert texts['tokens'] == TOKENS  # [CLS] A [SEP] (B [SEP]) in WordPieces
   assert sorted(data) == ['0', '1', '2']
   for i in range(3):
@@ -137,6 +136,60 @@ def test_features_are_the_hidden_states_of_the_lines_tokens(
     assert data[str(i)].shape == (len(indices), len(TOKENS[i]), MODEL['hidden_size'])
     assert data[str(i)].dtype == np.float32
     np.testing.assert_allclose(data[str(i)], expected, atol=1e-5)
+
+
+def test_lines_keep_their_numbers_and_a_byte_order_mark_is_no_text(bert_run, tmp_path):
+  """Datasets are named by line number as in the reference (an empty line is [CLS] [SEP]);
+  a line given twice maps to its last dataset, as allennlp's sentence_to_index."""
+  lines = [LINES[2], '', LINES[0], LINES[2]]
+  plain, marked = tmp_path / 'plain.txt', tmp_path / 'marked.txt'
+  plain.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  marked.write_bytes(b'\xef\xbb\xbf' + plain.read_bytes())
+  outputs = []
+  for source in (plain, marked):
+    output = str(tmp_path / f'{source.stem}.npz')
+    assert extract_features.extract(bert_run[0], str(source), output, combine='last') == 4
+    outputs.append(read(output))
+  (data, texts), (marked_data, marked_texts) = outputs
+  assert texts == marked_texts
+  assert texts['tokens'] == [TOKENS[2], ['[CLS]', '[SEP]'], TOKENS[0], TOKENS[2]]
+  assert texts['sentence_to_index'] == {LINES[2]: '3', '': '1', LINES[0]: '2'}
+  for name in ('0', '1', '2', '3'):
+    np.testing.assert_array_equal(data[name], marked_data[name])
+  np.testing.assert_allclose(data['0'], data['3'], atol=1e-6)
+  latin = tmp_path / 'latin.txt'
+  latin.write_bytes('caf\xe9\n'.encode('latin-1'))
+  with pytest.raises(ValueError, match=r'latin.txt.* is not UTF-8 text .*convert it to UTF-8'):
+    extract_features.extract(bert_run[0], str(latin), str(tmp_path / 'f.npz'))
+
+
+def test_batches_hold_a_token_budget_and_pad_rows_to_powers_of_two():
+  lengths = [5, 0, 300, 9, 9, 60, 7, 0] + [20] * 40
+  seen = []
+  for chunk, rows, length in extract_features.batches(lengths, 32, 512):
+    seen += chunk
+    assert len(chunk) <= rows <= 32 and rows & (rows - 1) == 0 and rows < 2 * len(chunk)
+    assert all(lengths[i] <= length for i in chunk)
+    assert rows * length <= 512 or len(chunk) == 1, (chunk, rows, length)
+  assert sorted(seen) == [i for i, n in enumerate(lengths) if n]  # each once; empty ones left out
+  # The longest alone, in its own bucket; BERT's lengths stop at max_seq_length.
+  assert list(extract_features.batches([300, 5], 32, 512))[-1] == ([0], 1, 512)
+  assert list(extract_features.batches([100, 5], 32, 4096, longest=100)) == [([1, 0], 2, 100)]
+
+
+def test_a_failed_extraction_leaves_no_file(tmp_path):
+  def features():
+    yield 0, np.ones((2, 3), np.float32)
+    raise RuntimeError('out of memory')
+  for name in ('f.npz', 'f.h5'):
+    with pytest.raises(RuntimeError):
+      extract_features.write(str(tmp_path / name), ['a b'], features())
+    assert not list(tmp_path.iterdir())
+  extract_features.write(str(tmp_path / 'f.npz'), ['a b', 'c'],
+                         iter([(1, np.zeros((0, 3))), (0, np.ones((2, 3)))]))
+  data, texts = read(str(tmp_path / 'f.npz'))
+  assert texts == {'sentence_to_index': {'a b': '0', 'c': '1'}}
+  assert data['0'].shape == (2, 3) and data['1'].shape == (0, 3)
 
 
 def test_each_combination_follows_its_formula(bert_run, lines_file, tmp_path):

@@ -101,7 +101,7 @@ def test_features_are_glove_and_cove_of_every_word(trained):
     features = [f[str(i)][()] for i in range(len(SENTENCES))]
     index = json.loads(f['sentence_to_index'][0])
   cove_only = np.load(os.path.join(trained, 'cove_only.npz'))
-  assert index == {s: i for i, s in enumerate(SENTENCES)}
+  assert index == {s: str(i) for i, s in enumerate(SENTENCES)}
   for i, sentence in enumerate(SENTENCES):
     words = words_lib.word_tokens(sentence)
     assert features[i].shape == (len(words), W + X) and features[i].dtype == np.float32

@@ -84,9 +84,10 @@ def test_tiny_bilm_perplexity_falls(pretrained, data_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize('output_name', ['features.h5', 'features.npz'])
 def test_extracted_features_equal_the_model_outputs(pretrained, tmp_path, output_name):
-  sentences = ['The file is opened for reading .', 'Return the value', 'x']
+  # An empty line keeps its place: dataset '2' has 0 words, 'x' is dataset '3'.
+  sentences = ['The file is opened for reading .', 'Return the value', '', 'x']
   source = tmp_path / 'sentences.txt'
-  source.write_text('\n'.join(sentences[:2]) + '\n\n' + sentences[2] + '\n', encoding='utf-8')
+  source.write_text('\n'.join(sentences) + '\n', encoding='utf-8')
   output = str(tmp_path / output_name)
   if output_name.endswith('.h5'):  # the command line
     result = subprocess.run(
@@ -95,13 +96,13 @@ def test_extracted_features_equal_the_model_outputs(pretrained, tmp_path, output
         cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
   else:  # the function, in this process, with the other --layers too
-    assert extract_features.extract(pretrained, str(source), output, batch_size=2) == 3
+    assert extract_features.extract(pretrained, str(source), output, batch_size=2) == 4
     for layers in ('top', 'average'):
       extract_features.extract(pretrained, str(source), str(tmp_path / f'{layers}.npz'),
                                layers=layers)
     with np.load(output) as all_layers, np.load(tmp_path / 'top.npz') as top, \
         np.load(tmp_path / 'average.npz') as average:
-      for i in range(3):
+      for i in range(4):
         np.testing.assert_allclose(top[str(i)], all_layers[str(i)][-1], atol=1e-6)
         np.testing.assert_allclose(average[str(i)], all_layers[str(i)].mean(0), atol=1e-6)
 
@@ -116,8 +117,11 @@ def test_extracted_features_equal_the_model_outputs(pretrained, tmp_path, output
     with np.load(output) as f:
       read = {k: f[k] for k in f.files}
     index = json.loads(str(read['sentence_to_index']))
-  assert index == {s: i for i, s in enumerate(sentences)}
+  assert index == {s: str(i) for i, s in enumerate(sentences)}
   for i, sentence in enumerate(sentences):
+    if not sentence:
+      assert read[str(i)].shape == (config.model.num_layers + 1, 0, two_d)
+      continue
     token_ids, char_ids = vocab.sentence(words_lib.word_tokens(sentence), width)
     n = len(token_ids)
     # The model alone, on one unpadded sentence.
