@@ -25,6 +25,9 @@ stage's run, so a pretraining shared by every variant runs once per seed.
 Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the command that
 --print_commands prints. A finished run (its results line at train.num_steps) is skipped, an
 unfinished one resumes from its checkpoint: after an interruption the same command goes on.
+A run whose config.json differs from what the sweep now asks (an override, its seed, or its
+config file's num_steps changed since) is not finished; a change other than train.num_steps
+stops the sweep in one line before anything runs.
 Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
 of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
 starts from has finished (trainer/runner.py); --slurm writes (and submits) one SLURM job per
@@ -71,7 +74,7 @@ flags.DEFINE_integer('parallel', 0, 'Run up to N runs at once, each on its own 1
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SWEEP_FILE = 'sweep.json'  # the resolved sweep, so that --summarize needs only the workdir
-LOWER_IS_BETTER = ('loss', 'perplexity', 'error')
+LOWER_IS_BETTER = ('loss', 'perplexity', 'error', 'nll')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +159,12 @@ def load_sweep(spec: str) -> dict:
   metrics = tuple(sweep.get('metrics', ()))
   if not seeds or not metrics:
     raise ValueError(f'{path}: seeds and metrics must each name at least one.')
+  # One row per variant and axis point, one run per seed: a repeat would merge two into one.
+  for what, values in ([('variant names', [n for n, _ in variants]), ('seeds', seeds)] +
+                       [(f'values of axis {key}', vs) for key, vs in axes]):
+    repeated = sorted({repr(v) for v in values if values.count(v) > 1})
+    if repeated:
+      raise ValueError(f'{path}: {what} repeat ({", ".join(repeated)}); give each its own.')
   per_stage = {name: set(dict(base)) for name, _, base in stages}
   for key in [k for _, o in variants for k in o] + [k for k, _ in axes]:
     stage, field = _stage_of(key, names, path)
@@ -253,12 +262,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def summarize(workdir: str) -> list[dict]:
   """The table (results.md, results.csv) and plots of the finished runs (a run counts when it
   and every run it started from reached train.num_steps); returns the rows."""
-  path = os.path.join(workdir, SWEEP_FILE)
-  if not os.path.exists(path):
-    raise ValueError(f'{workdir} holds no {SWEEP_FILE}: pass the --workdir of a sweep.py run.')
-  with open(path, encoding='utf-8') as f:
-    sweep = json.load(f)
-  expanded = [(label, seed, [Run(**r) for r in runs]) for label, seed, runs in sweep['runs']]
+  sweep, expanded = load_record(workdir)
   metrics = sweep['metrics']
   rows, curves = [], {}
   for label in dict.fromkeys(label for label, _, _ in expanded):
@@ -360,17 +364,41 @@ def _plot(workdir: str, rows: list[dict], curves: dict, metric: str) -> None:
 # ---------------------------------------------------------------- main
 
 
+def _paths(runs: list[dict], change) -> list[dict]:
+  return [dict(r, workdir=change(r['workdir']), init_from=r['init_from'] and change(r['init_from']))
+          for r in runs]
+
+
+def load_record(workdir: str) -> tuple[dict, list[tuple[str, int, list[Run]]]]:
+  """workdir/sweep.json, and its runs with their directories under `workdir` as given now
+  (the record keeps them relative to it, so that any spelling of it, from any directory, finds
+  them; a record of before that kept them as typed is read as it is)."""
+  path = os.path.join(workdir, SWEEP_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f'{workdir} holds no {SWEEP_FILE}: pass the --workdir of a sweep.py run.')
+  with open(path, encoding='utf-8') as f:
+    record = json.load(f)
+  under = ((lambda p: os.path.join(workdir, p)) if record.get('paths') == 'relative'
+           else (lambda p: p))
+  return record, [(label, seed, [Run(**r) for r in _paths(runs, under)])
+                  for label, seed, runs in record['runs']]
+
+
 def prepare(spec: str, workdir: str) -> list[tuple[str, int, list[Run]]]:
   """Expands the sweep and writes workdir/sweep.json; a workdir keeps the sweep it began with."""
   sweep = load_sweep(spec)
   expanded = expand(sweep, workdir)
-  record = dict(file=spec, metrics=list(sweep['metrics']),
-                runs=[(label, seed, [dataclasses.asdict(r) for r in runs])
+  relative = lambda p: os.path.relpath(p, workdir)  # noqa: E731
+  record = dict(file=spec, metrics=list(sweep['metrics']), paths='relative',
+                runs=[(label, seed, _paths([dataclasses.asdict(r) for r in runs], relative))
                       for label, seed, runs in expanded])
   path = os.path.join(workdir, SWEEP_FILE)
   if os.path.exists(path):
     with open(path, encoding='utf-8') as f:
       before = json.load(f)
+    if before.get('paths') != 'relative':  # kept as typed, from the directory it was typed in
+      before['runs'] = [[label, seed, _paths(runs, relative)]
+                        for label, seed, runs in before['runs']]
     if json.loads(json.dumps(record['runs'])) != before['runs']:  # metrics may change
       raise ValueError(f'{workdir} holds another sweep ({before["file"]}, or this file changed '
                        'since): use a new --workdir, or delete its sweep.json to adopt the change.')
@@ -399,6 +427,7 @@ def main(argv):
             print(f'# stage {stage}' + (': after the stage above' if run.init_from else ''))
           print(shlex.join(run.argv()))
         return
+      runner.check_unchanged(runs)
       if FLAGS.slurm and FLAGS.parallel:
         raise ValueError('--slurm and --parallel: pass one (SLURM places each run on its own '
                          'GPUs).')

@@ -5,7 +5,6 @@ Each notebook's first cell finds (or clones) the project and then calls `install
 """
 
 import importlib.metadata
-import json
 import os
 import re
 import subprocess
@@ -88,16 +87,13 @@ def accelerator(sizes: dict[str, str], steps: dict[str, int]) -> tuple[str, str,
 
 
 def read_metrics(workdir: str) -> tuple[list[dict], dict]:
-  """A run's train and eval lines from metrics.jsonl, and its results (empty if unfinished)."""
-  lines, results = [], {}
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    for line in f:
-      record = json.loads(line)
-      if 'results' in record:
-        results = record['results']
-      else:
-        lines.append(record)
-  return lines, results
+  """A run's train and eval lines from metrics.jsonl (a step logged again after a resume once,
+  its last line), and its results (empty if unfinished)."""
+  from trainer import runner  # pylint: disable=g-import-not-at-top (after install)
+  if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    raise FileNotFoundError(f'{workdir} has no metrics.jsonl: run its training cell first.')
+  lines, results = runner.read_metrics(workdir)
+  return lines, {k: v for k, v in (results or {}).items() if k != 'step'}
 
 
 def plot_metrics(runs: dict[str, str], keys: tuple[str, ...], title: str = ''):

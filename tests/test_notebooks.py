@@ -1,6 +1,7 @@
 """The notebooks run top to bottom on CPU (tiny configs), executed by nbclient as Jupyter would;
 and their install step keeps the runtime's own jax."""
 
+import json
 import os
 import sys
 
@@ -32,6 +33,18 @@ def test_install_keeps_the_runtimes_jax_and_installs_only_what_is_missing(tmp_pa
   monkeypatch.setattr(runtime, '_installed', {'numpy': '0.0.1'}.get)
   assert runtime.to_install(str(requirements))[0] == [
       'jax==0.0.1', 'jaxlib==0.0.1', 'absl-py==2.5.1', 'not-a-real-package==1.0']
+
+
+def test_metrics_of_a_resumed_run_are_read_once_per_step(tmp_path):
+  # A run that crashed after step 20 and ran again from its step-10 checkpoint logs 20 twice.
+  lines = [{'step': 10, 'loss': 3.0}, {'step': 20, 'loss': 2.5}, {'step': 20, 'loss': 2.4},
+           {'step': 20, 'eval_accuracy': 0.5}, {'step': 20, 'results': {'eval_accuracy': 0.5}}]
+  (tmp_path / 'metrics.jsonl').write_text(
+      '\n'.join(map(json.dumps, lines[:2])) + '\n\n' + '\n'.join(map(json.dumps, lines[2:])))
+  read, results = runtime.read_metrics(str(tmp_path))
+  assert read == [lines[0], lines[3], lines[2]] and results == {'eval_accuracy': 0.5}
+  with pytest.raises(FileNotFoundError, match='run its training cell first'):
+    runtime.read_metrics(str(tmp_path / 'nothing'))
 
 
 def test_the_projects_requirements_are_all_installed_here():

@@ -129,6 +129,14 @@ def test_each_shipped_sweep_loads_and_gives_every_variant_and_seed_its_own_run(p
     ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
      "variants=(('a', {'optimizer.learning_rat': 1.0}),), metrics=('m',))",
      "stage s: --config.optimizer.learning_rat: the config has no field 'learning_rat'"),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(('a', {}), ('a', {'train.num_steps': 5})), metrics=('m',))",
+     "variant names repeat ('a'); give each its own"),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(('a', {}),), seeds=(0, 0, 1), metrics=('m',))", 'seeds repeat (0)'),
+    ("def get_sweep(arg=''):\n  return dict(stages=(('s', 'configs/gpt.py:tiny', {}),), "
+     "variants=(('a', {}),), axes=(('optimizer.learning_rate', (1e-3, 1e-3)),), "
+     "metrics=('m',))", 'values of axis optimizer.learning_rate repeat (0.001)'),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, message):
   with pytest.raises(ValueError) as error:
@@ -136,12 +144,21 @@ def test_a_bad_sweep_file_is_one_line(tmp_path, text, message):
   assert message in str(error.value) and '\n' not in str(error.value)
 
 
-def _fake_run(workdir, evals, final, num_steps=4, finished=True):
-  """A run's files as train.py writes them: config.json and metrics.jsonl (with its results
-  line once finished)."""
+def _fake_run(run, evals, final, finished=True):
+  """A run's files as train.py writes them: config.json (the fields the sweep sets) and
+  metrics.jsonl (with its results line once finished)."""
+  workdir = run.workdir
   os.makedirs(workdir, exist_ok=True)
+  config = {}
+  for field, value in runner.requested(run).items():
+    *parents, name = field.split('.')
+    node = config
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[name] = value
+  num_steps = config['train']['num_steps']
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    json.dump({'train': {'num_steps': num_steps}}, f)
+    json.dump(config, f)
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
     for step, value in evals:
       f.write(json.dumps({'step': step, 'loss': 1.0 / step}) + '\n')
@@ -159,8 +176,8 @@ def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
   finals = {'base': (0.6, 0.7), 'no nsp': (0.5, 0.9)}
   for label, seed, runs in expanded:
     final = finals[label][seed]
-    _fake_run(runs[-1].workdir, [(2, final + 0.1), (4, final)], final)
-    _fake_run(runs[0].workdir, [(2, 0.5)], 0.5, num_steps=10, finished=final != 0.9)
+    _fake_run(runs[-1], [(2, final + 0.1), (4, final)], final)
+    _fake_run(runs[0], [(2, 0.5)], 0.5, finished=final != 0.9)
   rows = sweep.summarize(workdir)
   assert [(r['variant'], r['runs']) for r in rows] == [('base', '2/2'), ('no nsp', '1/2')]
   mean, std = rows[0]['eval_accuracy final']
@@ -179,6 +196,69 @@ def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
   # The same workdir refuses another sweep.
   with pytest.raises(ValueError, match='holds another sweep'):
     sweep.prepare(_write(tmp_path, TWO_STAGES, 'other.py'), workdir)
+
+
+STALE = '''
+def get_sweep(arg=''):
+  return dict(stages=(('lm', 'configs/gpt.py:tiny', {{'train.num_steps': {steps},
+                                                      'optimizer.learning_rate': {lr}}}),),
+              variants=(('a', {{}}), ('b', {{'model.dropout_rate': 0.0}})),
+              seeds=(0, 1), metrics=('eval_accuracy',))
+'''
+
+
+def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
+  """A config, sweep file or base override changed since the runs ran (sweep.json deleted, as
+  prepare's message says to adopt a change): their old results are not the new sweep's."""
+  workdir = str(tmp_path / 'w')
+
+  def prepared(**fields):
+    if os.path.exists(os.path.join(workdir, sweep.SWEEP_FILE)):
+      os.remove(os.path.join(workdir, sweep.SWEEP_FILE))
+    text = STALE.format(**{'steps': 10, 'lr': 1e-3, **fields})
+    return sweep.unique_runs(sweep.prepare(_write(tmp_path, text), workdir))
+
+  runs = prepared()
+  for run in runs:
+    _fake_run(run, [(5, 0.5)], 0.5)
+  assert all(map(runner.finished, runs))
+  assert [r['runs'] for r in sweep.summarize(workdir)] == ['2/2', '2/2']
+  # More steps: unfinished (train.py goes on from its checkpoint), and allowed.
+  runs = prepared(steps=20)
+  assert runner.changes(runs[0]) == [('train.num_steps', 10, 20)]
+  assert not any(map(runner.finished, runs))
+  runner.check_unchanged(runs)
+  assert [r['runs'] for r in sweep.summarize(workdir)] == ['0/2', '0/2']
+  # Another setting: refused in one line before anything runs.
+  runs = prepared(lr=3e-3)
+  assert not any(map(runner.finished, runs))
+  with pytest.raises(ValueError, match=r'lm/seed=0 ran with optimizer.learning_rate=0.001 but '
+                     r'the sweep now asks optimizer.learning_rate=0.003: undo the change'):
+    runner.check_unchanged(runs)
+
+
+def test_a_sweep_is_found_from_any_directory_by_any_spelling_of_its_workdir(tmp_path,
+                                                                           monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  spec = _write(tmp_path, STALE.format(steps=10, lr=1e-3))
+  for run in sweep.unique_runs(sweep.prepare(spec, 'w')):
+    _fake_run(run, [(5, 0.5)], 0.5)
+  sweep.prepare(spec, './w/')  # the same sweep
+  (tmp_path / 'elsewhere').mkdir()
+  monkeypatch.chdir(tmp_path / 'elsewhere')
+  for workdir in ('../w', str(tmp_path / 'w')):
+    assert [r['runs'] for r in sweep.summarize(workdir)] == ['2/2', '2/2']
+  # A record of before, its run directories as typed in tmp_path, still reads there.
+  monkeypatch.chdir(tmp_path)
+  record = json.loads((tmp_path / 'w' / sweep.SWEEP_FILE).read_text())
+  del record['paths']
+  for _, _, runs in record['runs']:
+    for run in runs:
+      run['workdir'] = os.path.join('w', run['workdir'])
+  (tmp_path / 'w' / sweep.SWEEP_FILE).write_text(json.dumps(record))
+  assert [r['runs'] for r in sweep.summarize('w')] == ['2/2', '2/2']
+  sweep.prepare(spec, 'w')
+  assert json.loads((tmp_path / 'w' / sweep.SWEEP_FILE).read_text())['paths'] == 'relative'
 
 
 MICRO = '''
@@ -222,7 +302,8 @@ def test_a_sweep_runs_resumes_after_an_interruption_and_prints_its_commands(
   output = process.communicate(timeout=300)[0]
   assert process.returncode != 0, output
   assert 'the same sweep command goes on from there' in output, output
-  assert runner.finished(sweep.Run('lm', '', (), 0, 'runs/lm/seed=0', None))
+  first = sweep.unique_runs(sweep.expand(sweep.load_sweep(spec), workdir))[0]
+  assert first.workdir == 'runs/lm/seed=0' and runner.finished(first)
   stopped_at = [json.loads(line)['step'] for line in open('runs/lm/seed=1/metrics.jsonl')]
   assert 10 <= max(stopped_at) < 120
 

@@ -62,14 +62,12 @@ def _sweep(*args):
 
 def _finals(workdir):
   """Each run's final eval line and results, without the wall-clock fields (None: no eval)."""
-  with open(os.path.join(workdir, sweep.SWEEP_FILE)) as f:
-    record = json.load(f)
   finals = {}
-  for _, _, runs in record['runs']:
+  for _, _, runs in sweep.load_record(workdir)[1]:
     for run in runs:
-      lines, results = runner.read_metrics(run['workdir'])
+      lines, results = runner.read_metrics(run.workdir)
       evals = [line for line in lines if any(k.startswith('eval_') for k in line)]
-      name = os.path.relpath(run['workdir'], workdir)
+      name = os.path.relpath(run.workdir, workdir)
       finals[name] = ({k: v for k, v in evals[-1].items() if k != 'time'}, results) if evals \
           else None
   return finals

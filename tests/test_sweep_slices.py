@@ -1,6 +1,7 @@
 """sweep.py --parallel and --slurm without training: the slices, the scheduler (with a stand-in
 for train.py), the mesh checks and the SLURM scripts (with a stand-in for sbatch)."""
 
+import json
 import os
 import re
 import shlex
@@ -31,7 +32,7 @@ def get_sweep(arg=''):
 # train.py on a signal the sweep did not send), notes when it ran and what its slice gave it,
 # then writes what runner.finished() reads. SIGTERM: notes it and exits 75, as train.py does.
 FAKE_TRAIN = r'''
-import json, os, signal, sys, time
+import ast, json, os, signal, sys, time
 args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a)
 workdir = args['workdir']
 os.makedirs(workdir, exist_ok=True)
@@ -51,8 +52,19 @@ if every == 75:
   sys.exit(75)
 time.sleep(every / 10)
 steps = int(args.get('config.train.num_steps', '1'))
+config = {}  # every --config.<field> it was given, as train.py's config.json holds them
+for key, text in args.items():
+  if key.startswith('config.'):
+    *parents, name = key.split('.')[1:]
+    node = config
+    for part in parents:
+      node = node.setdefault(part, {})
+    try:
+      node[name] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      node[name] = text
 with open(os.path.join(workdir, 'config.json'), 'w') as f:
-  json.dump({'train': {'num_steps': steps}}, f)
+  json.dump(config, f)
 with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
   f.write(json.dumps({'step': steps, 'results': {'eval_loss': every / 10}}) + '\n')
 note(end=time.time())
@@ -310,8 +322,10 @@ def test_slurm_scripts_run_the_printed_commands_and_chain_the_stages(
   os.remove(tmp_path / 'sbatch.log')
   done = runs[0]
   os.makedirs(done.workdir, exist_ok=True)
+  config = {'seed': 0, 'train': {'num_steps': 10, 'log_every': 20}}  # as the sweep asks
+  assert {f'train.{k}' for k in config['train']} | {'seed'} == set(runner.requested(done))
   with open(os.path.join(done.workdir, 'config.json'), 'w') as f:
-    f.write('{"train": {"num_steps": 10}}')
+    json.dump(config, f)
   with open(os.path.join(done.workdir, 'metrics.jsonl'), 'w') as f:
     f.write('{"step": 10, "results": {"eval_loss": 1.0}}\n')
   runner.to_slurm(runs, workdir, slurm.Resources(1, 8), True, summary)

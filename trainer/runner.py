@@ -45,14 +45,57 @@ def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
   return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))], results
 
 
+def requested(run: Any) -> dict[str, Any]:
+  """What the sweep asks of the run, as its config.json holds it (tuples as lists): its config
+  file's train.num_steps, the seed, and each override (dotted field -> value)."""
+  path, _, variant = run.config.partition(':')
+  fields = {'train.num_steps': _config(path, variant).train.num_steps, 'seed': run.seed,
+            **dict(run.overrides)}
+  return {k: json.loads(json.dumps(v)) for k, v in fields.items()}
+
+
+_ABSENT = '(absent)'
+
+
+def changes(run: Any) -> list[tuple[str, Any, Any]]:
+  """(field, value in the run's config.json, value the sweep asks) where they differ; none for
+  a run that has not started. A sweep file, a stage's config file or a base override changed
+  since the run ran would otherwise count its old results as the new sweep's."""
+  path = os.path.join(run.workdir, 'config.json')
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding='utf-8') as f:
+    saved = json.load(f)
+  found = []
+  for field, value in requested(run).items():
+    node = saved
+    for part in field.split('.'):
+      node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+    if node != value:
+      found.append((field, node, value))
+  return found
+
+
+def check_unchanged(runs: list[Any]) -> None:
+  """One line naming the fix for a run that ran with other settings than the sweep now asks
+  (more or fewer train.num_steps are the run's to catch up on, or not: it is then unfinished)."""
+  for run in runs:
+    changed = [c for c in changes(run) if c[0] != 'train.num_steps']
+    if changed:
+      field, saved, value = changed[0]
+      raise ValueError(f'{run.workdir} ran with {field}={json.dumps(saved)} but the sweep now '
+                       f'asks {field}={json.dumps(value)}: undo the change, use a new '
+                       '--workdir, or delete that run\'s directory to run it again.')
+
+
 def finished(run: Any) -> bool:
-  """Its results line is at the config's train.num_steps."""
+  """Its results line is at train.num_steps, and it ran with the settings the sweep asks."""
   _, results = read_metrics(run.workdir)
   config_path = os.path.join(run.workdir, 'config.json')
   if results is None or not os.path.exists(config_path):
     return False
   with open(config_path, encoding='utf-8') as f:
-    return results['step'] == json.load(f)['train']['num_steps']
+    return (results['step'] == json.load(f)['train']['num_steps'] and not changes(run))
 
 
 class Interrupted(Exception):
