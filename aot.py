@@ -18,7 +18,6 @@ that cannot compile or does not fit gets one line that names the fix.
 """
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -379,9 +378,8 @@ def step_report(step: CompiledStep, unroll_estimate: bool = True) -> dict[str, A
     raise DoesNotFit(f'DOES NOT FIT: {_gib(total)} per {_device(chip)} of {_gib(usable)} HBM'
                      f'{share}; {fixes(config, mesh)}')
   model_cfg = trainer.checks.model_config(config, chip.platform)
-  model_module = importlib.import_module(f'models.{config.model_name}')
   batch_size = config.train.batch_size
-  model_flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
+  model_flops = trainer.checks.train_flops_per_example(config, model_cfg) * batch_size
   hlo_text = compiled.as_text()
   cost = _cost(compiled)
   by_kind, by_op = {}, []
@@ -440,6 +438,10 @@ def step_report(step: CompiledStep, unroll_estimate: bool = True) -> dict[str, A
       'collectives_by_op': hlo.collectives_by_op(hlo_text, top=20),
       'compile_seconds': round(compile_seconds, 1),
       'examples_per_sec_per_host': batch_size / step_seconds / hosts,
+      # Figures of the roofline estimate, not measured: bench.py measures on the chip.
+      'estimates': ['step_seconds', 'compute_seconds', 'collective_seconds',
+                    'compute_seconds_by_kind', 'kernels_by_op', 'mfu_bound',
+                    'mfu_bound_overlapped', 'examples_per_sec_per_host', 'collectives'],
   }
 
 
@@ -543,7 +545,7 @@ def print_table(report: dict[str, Any], by_op: int = 0, top_kernels: int = 0) ->
           f'{kind} {seconds * 1e3:.1f}'
           for kind, seconds in report['compute_seconds_by_kind'].items() if seconds) + ' ms')]
         if report['compute_seconds_by_kind'] else []),
-      ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s"
+      ('feed per host', f"{report['examples_per_sec_per_host']:.0f} examples/s (estimate)"
                         + (f"; measured here: {report['input_examples_per_sec']:.0f} with "
                            f"{report['input_workers']} workers, "
                            f"{report['input_examples_per_sec_per_worker']:.0f} per worker -> "
@@ -551,12 +553,12 @@ def print_table(report: dict[str, Any], by_op: int = 0, top_kernels: int = 0) ->
                            if 'input_examples_per_sec' in report else '')),
       ('compile', f"{report['compile_seconds']} s"),
   ]
-  rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}, {c['seconds'] * 1e3:.1f} ms"
+  rows += [(kind, f"{c['count']} ops, {_gib(c['bytes'])}, {c['seconds'] * 1e3:.1f} ms (est.)"
                   + (f" ({_gib(c['network_bytes'])} across nodes)" if c['network_bytes'] else ''))
            for kind, c in report['collectives'].items() if c['count']]
   rows += [('  ' + c['kind'], f"{c['count']} ops, {c['bytes'] / 2 ** 20:.1f} MiB: {c['op']}")
            for c in report['collectives_by_op'][:by_op]]
-  rows += [(f"  {k['kind']} {k['seconds'] * 1e3:.2f} ms",
+  rows += [(f"  {k['kind']} {k['seconds'] * 1e3:.2f} ms (est.)",
             f"{k['count']} kernels, {k['bytes'] / 2 ** 30:.2f} GiB: {k['op']}")
            for k in report.get('kernels_by_op', [])[:top_kernels]]
   if report['replicated_params']:

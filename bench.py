@@ -27,7 +27,6 @@ compiled step.
 import collections
 import glob
 import gzip
-import importlib
 import json
 import os
 import re
@@ -82,11 +81,17 @@ def mfu_reference(device_kind: str, dtype: str, measured: float) -> tuple[float,
   return measured, f'{dtype} matmul peak measured here on {device_kind}'
 
 
-def peak_memory_bytes() -> int:
-  stats = jax.devices()[0].memory_stats() or {}
+def peak_memory(device=None) -> tuple[int | None, str]:
+  """The most memory held so far and what it is: the device allocator's high-water mark on an
+  accelerator (None where the backend reports none), the process's peak resident memory on a
+  CPU (Python, libraries and host arrays included)."""
+  device = device or jax.local_devices()[0]
+  stats = device.memory_stats() or {}
   if 'peak_bytes_in_use' in stats:
-    return int(stats['peak_bytes_in_use'])
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # CPU: process peak RSS
+    return int(stats['peak_bytes_in_use']), f'{device.platform} peak_bytes_in_use'
+  if device.platform != 'cpu':
+    return None, f'not reported by this {device.platform} backend (memory_stats)'
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'host process max RSS'
 
 
 def input_rate(config, max_seconds: float = 30.0, workers: int | None = None) -> dict:
@@ -187,14 +192,16 @@ def top_ops(trace_path: str, hlo_text: str, steps: int, top: int = 12) -> list[d
 def ops_by_jax_op(trace_path: str, hlo_text: str, steps: int, top: int = 12,
                   estimate: dict[str, float] | None = None) -> list[dict]:
   """Op time per JAX op with the layers together (layer_3 -> layer_*): milliseconds per step
-  and share, the largest first; with `estimate` (estimated_ms's), each op's estimate too."""
+  and share, the largest first; with `estimate` (estimated_ms's), each op's estimate too (None
+  for an op it leaves out: collectives, ops of no kernel it knows)."""
   jax_ops, micros = _jax_ops(hlo_text), op_micros(trace_path, hlo_text)
   groups = collections.Counter()
   for name, us in micros.items():
     groups[_group(jax_ops.get(name, '') or name)] += us
   total = sum(groups.values()) or 1
   return [{'jax_op': op, 'ms_per_step': round(us / steps / 1e3, 3), 'share': round(us / total, 4),
-           **({'estimate_ms': round(estimate.get(op, 0.0), 3)} if estimate is not None else {})}
+           **({'estimate_ms': None if op not in estimate else round(estimate[op], 3)}
+              if estimate is not None else {})}
           for op, us in groups.most_common(top)]
 
 
@@ -224,10 +231,10 @@ def matmul_share(trace_path: str, hlo_text: str) -> float:
 
 
 def profile(compiled, state, batch, directory: str, dtype: str, steps: int = 3
-            ) -> tuple[list[dict], float, list[dict]]:
+            ) -> tuple[list[dict], float, list[dict], float]:
   """Traces `steps` steps of `compiled` into `directory`; the top HLO ops by time, the share
-  of op time in matmuls and the top JAX ops (layers together, on a GPU aot.py knows with its
-  estimate of each)."""
+  of op time in matmuls, the top JAX ops (layers together, on a GPU aot.py knows with its
+  estimate of each) and the milliseconds per step that the trace's op events hold."""
   with jax.profiler.trace(directory, create_perfetto_trace=True):
     for _ in range(steps):
       state, metrics = compiled(state, batch)
@@ -238,8 +245,9 @@ def profile(compiled, state, batch, directory: str, dtype: str, steps: int = 3
     f.write(hlo_text)
   trace = max(traces, key=os.path.getmtime)
   estimate = estimated_ms(hlo_text, jax.devices()[0].device_kind, dtype)
-  return top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text), ops_by_jax_op(
-      trace, hlo_text, steps, top=20 if estimate else 12, estimate=estimate)
+  return (top_ops(trace, hlo_text, steps), matmul_share(trace, hlo_text),
+          ops_by_jax_op(trace, hlo_text, steps, top=20 if estimate else 12, estimate=estimate),
+          round(sum(op_micros(trace, hlo_text).values()) / steps / 1e3, 3))
 
 
 def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
@@ -248,10 +256,7 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
   # A fine-tuning config's sizes come from its init_from.
   trainer.checks.inherit_unset_fields(config, None)
   trainer.checks.validate(config, mesh)
-  model_module = importlib.import_module(f'models.{config.model_name}')
   model_cfg = trainer.checks.model_config(config)
-  measured_peak = matmul_peak_flops(model_cfg.dtype)
-  peak, peak_source = mfu_reference(jax.devices()[0].device_kind, model_cfg.dtype, measured_peak)
   _, _, state, step_fn, _ = trainer.state.build(config, mesh)
   batch_size = config.train.batch_size
   local = input_pipeline.example_batch(config.data, model_cfg.vocab_size,
@@ -275,9 +280,14 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / steps
-    ops, matmuls, grouped = (profile(compiled, state, batch, profile_dir, model_cfg.dtype)
-                             if profile_dir else (None, 0, None))
-  flops = model_module.train_flops_per_example(model_cfg, config.data) * batch_size
+    # Before the matmul benchmark below, whose arrays would be the high-water mark of a small
+    # step (jax cannot reset it).
+    memory, memory_source = peak_memory()
+    ops, matmuls, grouped, op_ms = (profile(compiled, state, batch, profile_dir, model_cfg.dtype)
+                                    if profile_dir else (None, 0, None, None))
+  measured_peak = matmul_peak_flops(model_cfg.dtype)
+  peak, peak_source = mfu_reference(jax.devices()[0].device_kind, model_cfg.dtype, measured_peak)
+  flops = trainer.checks.train_flops_per_example(config, model_cfg) * batch_size
   if jax.default_backend() != 'cpu':  # the peaks are one of several accelerators'
     peak *= jax.device_count()
     measured_peak *= jax.device_count()
@@ -296,18 +306,24 @@ def benchmark(config, steps: int, warmup: int, profile_dir: str = '',
       'matmul_peak_flops_per_sec': round(measured_peak, 1),  # measured here, in `dtype`
       'mfu_of_matmul_peak': round(flops / step_seconds / measured_peak, 4),
       'compile_seconds': round(compile_seconds, 2),
-      'peak_memory_bytes': peak_memory_bytes(),
+      'peak_memory_bytes': memory,
+      'peak_memory_source': memory_source,
       'page_faults_per_step': round(faults),  # minor: pages the kernel mapped (and zeroed)
       'malloc_keeps_freed_memory': keeps_freed_memory and host_memory.kept(),  # to the end
       'final_loss': float(np.divide(*jax.device_get(metrics['loss']))),  # a (sum, count) pair
       **(input_rate(config, input_seconds) if input_seconds > 0 else
          {'input_examples_per_sec': None}),
       **({'profile_dir': profile_dir, 'top_ops': ops, 'matmul_share': matmuls,
-          'top_jax_ops': grouped} if ops is not None else {}),
+          'top_jax_ops': grouped, 'profile_op_ms_per_step': op_ms} if ops is not None else {}),
   }
 
 
-def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: list[dict]) -> None:
+def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: list[dict],
+              op_ms: float | None = None) -> None:
+  if op_ms is not None and op_ms < 0.5 * step_seconds * 1e3:
+    print(f'NOTE: the trace holds {op_ms:.1f} ms of op events per step of the '
+          f'{step_seconds * 1e3:.1f} ms step (kernels inside a CUDA graph have none): the shares '
+          'and the matmul share below are of those ops alone, not of the step.')
   print(f'HLO ops by time per step (the step took {step_seconds * 1e3:.1f} ms; shares are of all '
         f'HLO op time, summed over threads; {matmuls:.0%} of it in matmuls):')
   for op in ops:
@@ -317,7 +333,8 @@ def print_ops(ops: list[dict], step_seconds: float, matmuls: float, grouped: lis
   print('The same time by JAX op, all layers together'
         + (" (and aot.py's estimate of it):" if grouped and 'estimate_ms' in grouped[0] else ':'))
   for op in grouped:
-    estimate = f' ({op["estimate_ms"]:.3f})' if 'estimate_ms' in op else ''
+    estimate = ('' if 'estimate_ms' not in op else ' (n/a)' if op['estimate_ms'] is None
+                else f' ({op["estimate_ms"]:.3f})')
     print(f'  {op["share"]:6.1%} {op["ms_per_step"]:9.3f} ms{estimate}  {op["jax_op"][-90:]}')
 
 
@@ -340,11 +357,14 @@ def main(argv):
   if flags.FLAGS.input_only:
     print(json.dumps(input_rate(config, flags.FLAGS.input_seconds)))
     return
+  # compile_seconds is a compile, not a read of an earlier one from a persistent cache.
+  if 'jax_enable_compilation_cache' in jax.config.values:
+    jax.config.update('jax_enable_compilation_cache', False)
   result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
                      flags.FLAGS.input_seconds, keeps_freed_memory)
   if 'top_ops' in result:
     print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'],
-              result['top_jax_ops'])
+              result['top_jax_ops'], result['profile_op_ms_per_step'])
   print(json.dumps(result))
 
 

@@ -152,16 +152,20 @@ class Model(nn.Module):
     return logits.astype(jnp.float32)
 
 
-def train_flops_per_example(cfg: Config, data_cfg) -> float:
+def train_flops_per_example(cfg: Config, data_cfg, loss_cfg=None) -> float:
   """Analytic training FLOPs per example: 3x the forward matmul FLOPs (2 per multiply-add).
 
   XLA's cost analysis is not used: it counts a scanned layer once. Attention
-  is counted over all L x L scores, as computed (masking saves nothing).
+  is counted over all L x L scores, as computed (masking saves nothing). A
+  fine-tuning at loss_cfg.lm_coef=0 runs the LM head forward only (its
+  lm_loss metric), so that head counts once, not 3x.
   """
   D, F, V = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size
   L = data_cfg.max_seq_length
   per_layer = 2 * L * (4 * D * D + 2 * D * F) + 2 * 2 * L * L * D
-  per_sequence = cfg.num_layers * per_layer + 2 * L * D * V
+  lm_head = 2 * L * D * V
+  lm_passes = 1.0 if loss_cfg is not None and loss_cfg.get('lm_coef', 1.0) == 0 else 3.0
   sequences = getattr(data_cfg, 'num_choices', None) or 1
   head = 2 * D * (cfg.num_labels if cfg.head == 'classify' else sequences) if cfg.num_labels else 0
-  return 3.0 * (sequences * per_sequence + head)
+  return (3.0 * (sequences * cfg.num_layers * per_layer + head)
+          + lm_passes * sequences * lm_head)

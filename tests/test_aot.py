@@ -166,6 +166,9 @@ def test_the_512_token_phase_compiles_for_a_tpu_slice_with_fsdp_tensor_and_the_f
   _check_sharded_step(report, FSDP_AND_TENSOR)
   assert report['platform'] == 'tpu'
   assert report['attention'] == 'flash' and report['pallas_kernels'] > 0
+  # The roofline's figures say they are estimates (bench.py's step_seconds is measured).
+  assert {'step_seconds', 'mfu_bound', 'examples_per_sec_per_host'} <= set(report['estimates'])
+  assert set(report['estimates']) <= set(report)
 
 
 def test_flash_attention_is_refused_off_tpu_and_with_attention_dropout():

@@ -30,6 +30,34 @@ def test_benchmark_reports_consistent_figures(shared_data_dir):
   assert result['devices'] == len(jax.devices())
 
 
+@pytest.mark.slow  # two compiles of a fine-tuning step
+def test_gpt_finetunings_flops_follow_what_the_lm_coefficient_leaves_in_the_step():
+  """At loss.lm_coef=0 the LM head runs forward only: the count follows XLA's (layers
+  unrolled, which XLA counts each; it also counts the elementwise work, a few percent)."""
+  from configs import gpt_finetune  # pylint: disable=g-import-not-at-top
+  import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer import sharding  # pylint: disable=g-import-not-at-top
+  import trainer.checks  # pylint: disable=g-import-not-at-top
+  import trainer.state  # pylint: disable=g-import-not-at-top
+  ratios = {}
+  for lm_coef in (0.5, 0.0):
+    config = gpt_finetune.get_config('offline_shuffled,tiny')
+    config.model.scan_layers, config.loss.lm_coef = False, lm_coef
+    config.mesh = (('data', 1), ('fsdp', 1), ('tensor', 1))
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    _, _, state, step_fn, _ = trainer.state.build(config, mesh)
+    local = input_pipeline.example_batch(config.data, config.model.vocab_size,
+                                         batch_size=config.train.batch_size)
+    with jax.set_mesh(mesh):
+      compiled = step_fn.lower(state, sharding.global_batch(local, mesh)).compile()
+    cost = compiled.cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)['flops']
+    model_cfg = trainer.checks.model_config(config)
+    counted = trainer.checks.train_flops_per_example(config, model_cfg) * config.train.batch_size
+    ratios[lm_coef] = xla / counted
+  assert all(1.0 <= r < 1.1 for r in ratios.values()), ratios
+
+
 def test_mfu_divides_by_the_chips_published_peak_in_the_compute_dtype():
   # The H100 runs bfloat16 at 989 TFLOP/s and float32 as TF32 at half that; a measured float32
   # matmul (169 TFLOP/s there) is not the reference of a bfloat16 model (it gave MFU 1.63).
@@ -137,5 +165,30 @@ def test_a_gpu_trace_is_read_by_its_kernels_hlo_ops_beside_the_estimate(tmp_path
   assert bench.estimated_ms(hlo, 'cpu', 'bfloat16') is None
   rows = bench.ops_by_jax_op(str(trace), hlo, steps=2, estimate={'exp': 0.01})
   assert rows == [
-      {'jax_op': 'layer_*/dot_general', 'ms_per_step': 0.3, 'share': 0.8571, 'estimate_ms': 0.0},
+      {'jax_op': 'layer_*/dot_general', 'ms_per_step': 0.3, 'share': 0.8571, 'estimate_ms': None},
       {'jax_op': 'exp', 'ms_per_step': 0.05, 'share': 0.1429, 'estimate_ms': 0.01}]
+
+
+def test_a_trace_that_holds_part_of_the_step_and_an_op_without_estimate_say_so(capsys):
+  grouped = [{'jax_op': 'all-reduce', 'ms_per_step': 1.0, 'share': 0.5, 'estimate_ms': None},
+             {'jax_op': 'exp', 'ms_per_step': 1.0, 'share': 0.5, 'estimate_ms': 0.9}]
+  bench.print_ops([], 0.010, 0.0, grouped, op_ms=2.0)  # 2 of the step's 10 ms
+  out = capsys.readouterr().out
+  assert out.startswith('NOTE: the trace holds 2.0 ms of op events per step of the 10.0 ms step')
+  assert '(n/a)  all-reduce' in out and '(0.900)  exp' in out
+  bench.print_ops([], 0.010, 0.0, grouped, op_ms=9.0)
+  assert 'NOTE' not in capsys.readouterr().out
+
+
+def test_peak_memory_says_what_it_is():
+  class Device:
+    def __init__(self, platform, stats):
+      self.platform, self.stats = platform, stats
+
+    def memory_stats(self):
+      return self.stats
+
+  assert bench.peak_memory(Device('gpu', {'peak_bytes_in_use': 7})) == (7, 'gpu peak_bytes_in_use')
+  assert bench.peak_memory(Device('gpu', None))[0] is None  # never the host's memory
+  bytes_, source = bench.peak_memory(Device('cpu', {}))
+  assert bytes_ > 2 ** 20 and source == 'host process max RSS'

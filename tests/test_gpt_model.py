@@ -305,6 +305,11 @@ def test_train_flops_per_example_by_hand():
   assert gpt.train_flops_per_example(cfg, data) == 3 * 2 * macs
   data.num_choices = 4
   assert gpt.train_flops_per_example(cfg, data) == 4 * 3 * 2 * macs
+  # A fine-tuning without the auxiliary LM loss runs the LM head (L*D*V MACs) forward only.
+  loss = ml_collections.ConfigDict({'lm_coef': 0.5})
+  assert gpt.train_flops_per_example(cfg, data, loss) == 4 * 3 * 2 * macs
+  loss.lm_coef = 0.0
+  assert gpt.train_flops_per_example(cfg, data, loss) == 4 * 2 * (3 * macs - 2 * 3 * 4 * 10)
 
 
 def test_user_errors_are_one_line():

@@ -3,6 +3,7 @@ before any data is read or anything compiled."""
 
 import dataclasses
 import importlib
+import inspect
 import json
 import os
 from typing import Any
@@ -50,6 +51,16 @@ def model_config(config, platform: str | None = None) -> Any:
   if kernel == 'cudnn' and fields.get('attention_dropout_rate'):
     _check_cudnn_dropout(fields)
   return module.Config(**fields)
+
+
+def train_flops_per_example(config, model_cfg) -> float:
+  """The model's analytic training FLOPs per example (models/<name>.py's count), given
+  config.loss too where the count takes it (GPT's: at loss.lm_coef=0 the LM head runs
+  forward only, for its metric)."""
+  count = importlib.import_module(f'models.{config.model_name}').train_flops_per_example
+  if 'loss_cfg' in inspect.signature(count).parameters:
+    return count(model_cfg, config.data, loss_cfg=config.get('loss'))
+  return count(model_cfg, config.data)
 
 
 def _check_cudnn_dropout(fields: dict[str, Any]) -> None:
