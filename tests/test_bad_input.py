@@ -1,5 +1,6 @@
 """Every mistake a user can make stops train.py with one line naming the fix, before compiling."""
 
+import fcntl
 import os
 import re
 import subprocess
@@ -75,6 +76,36 @@ def test_workdir_that_is_a_file(tmp_path):
   line = error_line(run_train(tmp_path))
   assert 'is a file: pass a directory' in line
   assert (tmp_path / 'run').read_text(encoding='utf-8') == 'not a run\n'
+
+
+def test_a_workdir_in_use_by_another_run_is_refused_before_anything_is_built(tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  holder = os.open(workdir, os.O_RDONLY)  # as a running train.py holds it
+  fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  try:
+    with pytest.raises(ValueError, match=r'run is in use by another training process .*wait '
+                       'for it or stop it, or pass another --workdir'):
+      trainer.loop.train_and_evaluate(gpt_config.get_config('tiny'), str(workdir))
+  finally:
+    os.close(holder)
+  assert os.listdir(workdir) == []
+  # Released when its run ends; a workdir made after the checks is taken then.
+  with trainer.loop.workdir_lock(str(workdir)):
+    with pytest.raises(ValueError, match='in use by another'):
+      with trainer.loop.workdir_lock(str(workdir)):
+        pass
+  new = tmp_path / 'new'
+  with trainer.loop.workdir_lock(str(new)) as take:
+    new.mkdir()
+    with trainer.loop.workdir_lock(str(new)):  # not taken yet
+      pass
+    take()
+    with pytest.raises(ValueError, match='in use by another'):
+      with trainer.loop.workdir_lock(str(new)):
+        pass
+  with trainer.loop.workdir_lock(str(new)):
+    pass
 
 
 def test_text_file_that_is_not_utf8(tmp_path):

@@ -107,6 +107,19 @@ def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed
   assert term.flag and term.describe() == 'SIGTERM'
 
 
+def test_a_hangup_stops_as_a_preemption_does_unless_nohup_ignores_it():
+  hangup = trainer.stop.StopRequested()
+  hangup(signal.SIGHUP, None)  # an ssh session dropped: save, then exit 75
+  assert hangup.flag and hangup.describe() == 'SIGHUP'
+  before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+  try:
+    assert trainer.stop.signals_to_handle() == (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    assert trainer.stop.signals_to_handle() == (signal.SIGTERM, signal.SIGINT)
+  finally:
+    signal.signal(signal.SIGHUP, before)
+
+
 def test_a_second_ctrl_c_while_saving_waits_for_the_save(capfd):
   stop = trainer.stop.StopRequested()
   stop.trained = True

@@ -219,10 +219,13 @@ def test_cpu_slices_pin_their_cores(fake_runs, tmp_path):
   assert _notes(runs[0].workdir)['cores'] == [core]
 
 
-def test_a_sigterm_reaches_every_running_run_and_the_sweep_stops(fake_runs, tmp_path):
+# A hangup (an ssh session dropped) too: the runs are in sessions of their own and would
+# train on alone, and the same sweep command would start a second train.py in their workdirs.
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_a_sigterm_reaches_every_running_run_and_the_sweep_stops(fake_runs, tmp_path, signum):
   runs = fake_runs(slow=300, quick=290)  # 30 s: stopped long before
   handler = signal.getsignal(signal.SIGTERM)
-  timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+  timer = threading.Timer(1.5, os.kill, (os.getpid(), signum))
   timer.start()
   with pytest.raises(runner.Interrupted) as stopped:
     runner.run_all(runs, str(tmp_path / 'w'), slices.cut(2, 'gpu', devices=(0, 1)))

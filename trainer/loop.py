@@ -1,7 +1,9 @@
 """The training loop: setup (data, state, restore), steps, logs, evals, checkpoints, stops."""
 
 import collections
+import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import signal
@@ -24,7 +26,7 @@ from trainer import metric_writer
 from trainer import phases as phases_lib
 from trainer import ranges
 from trainer import sharding
-from trainer.stop import StopRequested
+from trainer.stop import StopRequested, signals_to_handle
 from trainer.checks import check_init_from, check_resumable_params, check_run_directories
 from trainer.checks import inherit_unset_fields, validate
 from trainer.state import TrainState, abstract_batch, build, initial_state
@@ -389,21 +391,53 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
   return state
 
 
+@contextlib.contextmanager
+def workdir_lock(workdir: str):
+  """The workdir held for this run by its first process, released when the process ends,
+  however it ends: a second run there, which would write the same checkpoints and metrics, is
+  refused in one line. Taken on entry if the workdir exists; a new one (made by setup, after
+  the checks) is taken by calling what this yields.
+  """
+  handles = []
+
+  def take():
+    if handles or jax.process_index() != 0 or not os.path.isdir(workdir):
+      return  # (a workdir that is a file: setup's check says so)
+    handle = os.open(workdir, os.O_RDONLY)
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(handle)
+      raise ValueError(f'{workdir} is in use by another training process (a train.py, sweep or '
+                       'notebook still running there): wait for it or stop it, or pass another '
+                       '--workdir.') from None
+    handles.append(handle)
+
+  take()
+  try:
+    yield take
+  finally:
+    for handle in handles:
+      os.close(handle)
+
+
 def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None,
                        devices=None) -> TrainState:
   """Trains (or resumes) in `workdir`; `stop_after_steps` ends this run early, as a preemption
-  would; `devices` (default: all) make the mesh. SIGTERM and Ctrl-C (a notebook's interrupt)
-  save a checkpoint and return the state (StopRequested)."""
+  would; `devices` (default: all) make the mesh. SIGTERM, a hangup (not under nohup) and
+  Ctrl-C (a notebook's interrupt) save a checkpoint and return the state (StopRequested)."""
   stop = StopRequested()
   # Python sets signal handlers in its main thread only (a notebook's cells run there).
-  handled = ((signal.SIGTERM, signal.SIGINT)
+  handled = (signals_to_handle()
              if threading.current_thread() is threading.main_thread() else ())
   previous_handlers = {signum: signal.signal(signum, stop) for signum in handled}
   try:
     mesh = sharding.make_mesh(config.mesh, devices)
     sharding.check_processes_split_the_batch(sharding.batch_shards_by_process(mesh), config.mesh)
-    with jax.set_mesh(mesh):
-      return train_loop(setup(config, workdir, mesh), stop, stop_after_steps)
+    with workdir_lock(workdir) as take, jax.set_mesh(mesh):
+      run = setup(config, workdir, mesh)
+      take()  # a workdir setup made
+      return train_loop(run, stop, stop_after_steps)
   finally:
     for signum, handler in previous_handlers.items():
       signal.signal(signum, handler)

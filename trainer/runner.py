@@ -133,8 +133,8 @@ def run_all(runs: list[Any], workdir: str,
   runs that failed or stopped unfinished (train.py's exit status 75 for a signal that was not
   the sweep's), and the runs that start from them (not run).
 
-  SIGINT and SIGTERM are passed on to every running train.py as SIGTERM, so that each saves
-  a checkpoint before the sweep stops."""
+  SIGINT, SIGTERM and SIGHUP (unless ignored, as under nohup) are passed on to every running
+  train.py as SIGTERM, so that each saves a checkpoint before the sweep stops."""
   os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
   free = list(cut) if cut else [None]
   waiting = list(enumerate(runs, 1))
@@ -192,7 +192,7 @@ def run_all(runs: list[Any], workdir: str,
                         if k != 'step' and isinstance(v, (int, float)))
       print(f'{title}: done{on}: {shown}', flush=True)
 
-  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+  previous = {s: signal.signal(s, stop) for s in stop_lib.signals_to_handle()}
   try:
     while waiting or running:
       if stopping:

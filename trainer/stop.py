@@ -1,5 +1,5 @@
-"""Stopping a run by signal: SIGTERM (a preemption) and Ctrl-C save a checkpoint first
-(trainer/loop.py asks `requested` at each step and saves inside `deferred`)."""
+"""Stopping a run by signal: SIGTERM (a preemption), a hangup and Ctrl-C save a checkpoint
+first (trainer/loop.py asks `requested` at each step and saves inside `deferred`)."""
 
 import contextlib
 import os
@@ -16,6 +16,13 @@ import numpy as np
 # start the runs that start from it), and not 1, an error's, so that a job script can tell
 # the two apart and requeue only this one (trainer/slurm.py).
 RESUME_EXIT_STATUS = 75
+
+
+def signals_to_handle() -> tuple[signal.Signals, ...]:
+  """SIGTERM, SIGINT, and SIGHUP (a terminal or ssh session closed) unless it is ignored, as
+  under nohup: a run asked to outlive its terminal keeps doing so."""
+  hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+  return (signal.SIGTERM, signal.SIGINT) + hangup
 
 
 def exit_status(step: int, num_steps: int) -> int:
