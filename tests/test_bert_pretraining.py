@@ -421,6 +421,27 @@ def test_eval_split_repeats_epoch_zero_whatever_the_seed():
   assert 2 * period <= len(ids) and np.array_equal(ids[period:2 * period], ids[:period])
 
 
+def test_an_eval_that_reads_past_the_eval_split_says_so_once(caplog):
+  cfg = data_config(docs_per_chunk=50)
+  examples = take(make_iterator(cfg, make_documents(20), split='eval', batch_size=1), 400)
+  n = next(i for i in range(1, 400) if np.array_equal(examples[i]['input_ids'],
+                                                      examples[0]['input_ids']))  # the split's
+  evals = make_iterator(cfg, make_documents(20), split='eval', batch_size=8)
+  start = evals.get_state()
+  caplog.clear()  # (the iterator above read past the split too)
+  with caplog.at_level('WARNING'):
+    for _ in range(3):  # evals that rewind, each within the split
+      evals.set_state(start)
+      take(evals, 2)
+    assert not [r for r in caplog.records if 'eval split' in r.getMessage()]
+    for _ in range(2):
+      evals.set_state(start)
+      take(evals, n // 8 + 2)  # past the end, twice
+  said = [r.getMessage() for r in caplog.records if 'eval split' in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith(f'An eval read all {n} examples'), said
+  assert f'set train.eval_steps to {n // 8} or fewer' in said[0]
+
+
 def test_user_errors_are_one_line():
   with pytest.raises(ValueError, match='has no text'):
     next(make_iterator(data_config(), ()))

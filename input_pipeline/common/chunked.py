@@ -15,6 +15,7 @@ on the run.
 import itertools
 from typing import Callable, Iterator
 
+from absl import logging
 import ml_collections
 import numpy as np
 
@@ -105,6 +106,7 @@ class ChunkedIterator:
     # Eval batches are few; they are made in a thread.
     self._workers = workers.configured(data_cfg) if split == 'train' else 0
     self._units = None
+    self._pass_examples, self._said_wrapped = 0, False
     self.set_state({'epoch': 0, 'chunk': 0, 'offset': 0})
 
   def get_state(self) -> dict[str, int]:
@@ -162,6 +164,14 @@ class ChunkedIterator:
     # Views of the arrays a worker left in shared memory (freed with the last view).
     self._examples = {k: v.view(np.ndarray) for k, v in examples.items()}
     if chunk == 0 and not first:
+      if self._split == 'eval' and self._pass_has_examples and not self._said_wrapped:
+        self._said_wrapped = True
+        fits = self._pass_examples // self._batch_size
+        logging.warning(
+            'An eval read all %d examples of the eval split (this host\'s) and goes on from its '
+            'first again, which then count more than the others: %shold out more documents '
+            '(data.eval_holdout, data.eval_files or data.tfds_eval_split).', self._pass_examples,
+            f'set train.eval_steps to {fits} or fewer at this batch size, or ' if fits else '')
       if not self._pass_has_examples:
         # BERT's NSP pairs sentences of one document: a corpus of one-sentence documents
         # (lm1b, or text without blank lines between documents) has text but no pair.
@@ -174,6 +184,7 @@ class ChunkedIterator:
       self._pass_has_examples = False
     self._epoch, self._chunk = epoch, chunk
     num_examples = _num_examples(self._examples)
+    self._pass_examples = num_examples + (self._pass_examples if chunk else 0)
     if self._offset > num_examples:
       raise ValueError(f'Data position {self.get_state()} is past its chunk of {num_examples} '
                        'examples: the data or config.data changed since the checkpoint.')
