@@ -147,6 +147,9 @@ def config_for(tensors: dict, source: str, glove_file: str, lower_case: bool):
   config.model.vocab_size = TARGET_VOCAB
   config.data.glove_file = os.path.abspath(glove_file)
   config.data.lower_case = lower_case
+  # The release read text tokenized already, split at spaces (salesforce/cove's example reads
+  # it with torchtext's default str.split; glove.840B has '1,000' and '...' as words).
+  config.data.split_words = 'spaces'
   config.train.num_steps = 0  # step 0 of 0: a finished run that config.init_from accepts
   config.converted_from = os.path.abspath(source)
   config.untrained_params = UNTRAINED

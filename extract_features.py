@@ -189,7 +189,8 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
   """Per line (index, [GloVe(w); CoVe(w)] (n, W + X) of its words, or CoVe(w) (n, X) alone),
   batch by batch."""
   lower = config.data.lower_case
-  sentence_words = [words_lib.word_tokens(s.lower() if lower else s) for s in sentences]
+  # Split as the run's sources were (data.split_words).
+  sentence_words = [tokenizer.source.words_of(s.lower() if lower else s) for s in sentences]
   table = np.asarray(params['word_vectors']['table']['embedding'])
   unknown = np.asarray(params['word_vectors']['unknown'])
   if glove_file:

@@ -105,10 +105,13 @@ PRETRAINED_SIZE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads'
 
 def take_sizes_from_init(config: ml_collections.ConfigDict,
                          fields: tuple[str, ...] = PRETRAINED_SIZE_FIELDS) -> None:
-  """Leaves the pretrained model's sizes and data.lower_case unset (None, typed, so the command
-  line can still set them); train.py fills them from config.init_from before any check."""
+  """Leaves the pretrained model's sizes, data.lower_case and data.split_words (where the
+  config has it) unset (None, typed, so the command line can still set them); train.py fills
+  them from config.init_from before any check."""
   for field in fields:
     if field in config.model:
       value = config.model[field]
       config.model[field] = ml_collections.FieldReference(None, field_type=type(value))
   config.data.lower_case = ml_collections.FieldReference(None, field_type=bool)
+  if 'split_words' in config.data:
+    config.data.split_words = ml_collections.FieldReference(None, field_type=str)

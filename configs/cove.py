@@ -50,6 +50,9 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   data = config.data = common.translation_data(tiny, 'wmt17_translate/de-en',
                                                v['max_seq_length'])
   data.source_tokenizer = 'words'  # the encoder reads word vectors
+  # How a source text becomes words (input_pipeline/common/words.py): 'punctuation' for raw
+  # text; 'spaces' for text tokenized already (convert_cove.py's release reads text so).
+  data.split_words = 'punctuation'
   data.source_vocab_size = v['source_vocab_size']  # the most frequent source words (GloVe's)
   data.glove_file = ''  # GloVe's text format, e.g. glove.840B.300d.txt; '' = random vectors
   data.pack = False  # one pair per row: the LSTMs read whole rows

@@ -84,6 +84,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   data.task = task
   data.max_seq_length = MAX_SEQ_LENGTH[spec.source]
   data.lower_case = False  # the CoVe run's casing (glove.840B is cased); checked against it
+  # The CoVe run's word split (its config.json's; 'spaces' for a converted release).
+  data.split_words = ml_collections.FieldReference(None, field_type=str)
   data.max_examples = 20_000  # offline tasks: examples made from the embedded corpus
   data.eval_holdout = 10 if spec.source == 'offline' else 100
   data.data_dir = ''  # cache of the embedded corpus; '' = ~/.cache/lm_lineage

@@ -200,7 +200,7 @@ def encode_sources(tokenizer, texts: list[str]) -> list[list[int]]:
 def _source_words(data_cfg: ml_collections.ConfigDict, saved_dir: str | None
                   ) -> words_lib.WordVocab:
   """The saved source words, else those of the training sources (GloVe's, with a file)."""
-  size = data_cfg.source_vocab_size
+  size, split = data_cfg.source_vocab_size, words_lib.split_of(data_cfg)
   if saved_dir:
     path = os.path.join(saved_dir, words_lib.WordVocab.FILE_NAME)
     if not os.path.isfile(path):
@@ -209,17 +209,19 @@ def _source_words(data_cfg: ml_collections.ConfigDict, saved_dir: str | None
   else:
     casing = 'uncased' if data_cfg.lower_case else 'cased'
     vectors = glove.file_key(data_cfg.glove_file) if data_cfg.glove_file else 'any'
+    spaces = '-spaces' if split == 'spaces' else ''  # (raw text's names as before)
     path = os.path.join(sources.default_data_dir(data_cfg), 'vocab',
-                        f'{_pairs_key(data_cfg)}-source-words-{size}-{casing}-{vectors}.txt')
+                        f'{_pairs_key(data_cfg)}-source-words-{size}-{casing}-{vectors}'
+                        f'{spaces}.txt')
     if not os.path.exists(path):
       texts = (p[0].lower() if data_cfg.lower_case else p[0]
                for p in itertools.islice(pairs(data_cfg, 'train'), VOCAB_MAX_PAIRS))
-      counts = words_lib.count_words(texts)
+      counts = words_lib.count_words(texts, split)
       if data_cfg.glove_file:  # other words share the learned <UNK> vector (models/cove.py)
         known = glove.known_words(data_cfg.glove_file, counts, data_cfg.lower_case)
         counts = collections.Counter({w: n for w, n in counts.items() if w in known})
       words_lib.write_word_vocab(counts, size, path)
-  vocab = words_lib.WordVocab(path)
+  vocab = words_lib.WordVocab(path, split=split)
   if vocab.vocab_size > size:
     raise ValueError(f'The source vocabulary {path} has {vocab.vocab_size} words but '
                      f'data.source_vocab_size={size}: set --config.data.source_vocab_size='

@@ -2,8 +2,8 @@
 
 The words are those of a CoVe run's source vocabulary (its words.txt, read
 from config.init_from, or from the workdir on resume): a text is split into
-words as the CoVe run's sources were (words.word_tokens), after lower-casing
-with data.lower_case (train.py checks it against the CoVe run's); a word
+words as the CoVe run's sources were (data.split_words), after lower-casing
+with data.lower_case (train.py checks both against the CoVe run's); a word
 outside the vocabulary is <UNK> (id 2, CoVe's learned unknown vector). Words
 beyond data.max_seq_length are cut; an empty text becomes one <UNK>.
 
@@ -85,7 +85,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> words_lib.WordVocab:
   """The word vocabulary (words.txt) of the CoVe run in config.init_from, or of the workdir."""
-  del data_cfg, vocab_size  # the saved run's; train.py checks its size against model.vocab_size
+  del vocab_size  # the saved run's; train.py checks its size against model.vocab_size
   if not saved_dir:
     raise ValueError('data.pipeline=word_classification reads the word vocabulary of a CoVe '
                      'run: set --config.init_from to the workdir of a configs/cove.py run.')
@@ -93,7 +93,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
   if not os.path.isfile(path):
     raise ValueError(f'{saved_dir} has no {words_lib.WordVocab.FILE_NAME}: config.init_from '
                      'must be a CoVe run (configs/cove.py, data.source_tokenizer=words).')
-  return words_lib.WordVocab(path)
+  return words_lib.WordVocab(path, split=words_lib.split_of(data_cfg))
 
 
 def word_ids(texts: list[str], tokenizer, lower_case: bool, max_length: int) -> list[list[int]]:

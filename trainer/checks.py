@@ -148,7 +148,8 @@ _SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'mlp_di
                  'projection_dim', 'lstm_dim', 'cell_clip', 'proj_clip', 'skip_connections',
                  'char_activation')
 # What a run saved before a field was added computed (ELMo's residual and char activation).
-_SHAPE_FIELD_DEFAULTS = {'skip_connections': True, 'char_activation': 'relu'}
+_SHAPE_FIELD_DEFAULTS = {'skip_connections': True, 'char_activation': 'relu',
+                         'split_words': 'punctuation'}  # (a CoVe run of before it was one)
 
 
 def _as_json(value: Any) -> Any:
@@ -285,12 +286,12 @@ def check_run_directories(config, workdir: str) -> None:
 
 
 def inherit_unset_fields(config, workdir: str | None) -> None:
-  """Fills the model fields and data.lower_case left None (a fine-tuning config without a size)
-  from the run the workdir resumes, or else from config.init_from, so that a converted or
-  pretrained checkpoint needs no flag for its sizes or casing."""
+  """Fills the model fields, data.lower_case and data.split_words left None (a fine-tuning
+  config without a size) from the run the workdir resumes, or else from config.init_from, so
+  that a converted or pretrained checkpoint needs no flag for its sizes, casing or word split."""
   unset = [('model', k) for k, v in config.model.items() if v is None]
-  unset += [('data', 'lower_case')] if 'lower_case' in config.data and (
-      config.data.lower_case is None) else []
+  unset += [('data', f) for f in ('lower_case', 'split_words')
+            if f in config.data and config.data[f] is None]
   if not unset:
     return
   if workdir and checkpoints.exist(workdir):
@@ -318,7 +319,8 @@ def check_init_from(config) -> None:
   # (the BCN's word vocabulary is CoVe's source_vocab_size).
   model_fields = getattr(module, 'INIT_FROM_FIELDS', {f: f for f in _SHAPE_FIELDS})
   fields = ([('model', f, theirs) for f, theirs in model_fields.items() if f in config.model] +
-            [('data', f, f) for f in ('tokenizer', 'lower_case') if f in config.data])
+            [('data', f, f) for f in ('tokenizer', 'lower_case', 'split_words')
+             if f in config.data])
   for part, field, their_field in fields:
     theirs = saved[part].get(their_field, _SHAPE_FIELD_DEFAULTS.get(their_field))
     if theirs != _as_json(config[part][field]):

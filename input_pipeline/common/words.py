@@ -48,8 +48,9 @@ SPLITS = ('punctuation', 'spaces')
 
 
 def split_of(data_cfg) -> str:
-  """data.split_words, checked (absent: 'punctuation')."""
-  split = data_cfg.get('split_words', 'punctuation')
+  """data.split_words, checked (absent, or unset before train.py takes it from init_from:
+  'punctuation')."""
+  split = data_cfg.get('split_words') or 'punctuation'
   if split not in SPLITS:
     raise ValueError(f'data.split_words={split!r}: use \'punctuation\' (raw text) or '
                      "'spaces' (text tokenized already, as lm1b and a released ELMo's input).")
