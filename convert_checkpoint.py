@@ -343,9 +343,7 @@ def casing(input_dir: str, fmt: str) -> bool:
   if not os.path.isfile(vocab):
     raise ValueError(f'{input_dir} has no vocab.txt: pass the directory with the checkpoint\'s '
                      'vocabulary.')
-  with open(vocab, encoding='utf-8') as f:
-    capitalized = sum(1 for line in f if not line.startswith('[') and line != line.lower())
-  return capitalized == 0
+  return not tokenizer_lib.vocab_is_cased(vocab)
 
 
 def grow_token_embedding(tensors: dict, config) -> None:

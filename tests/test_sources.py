@@ -77,17 +77,18 @@ def test_files_errors_name_the_fix(tmp_path, corpus):
     sources.documents(_data_cfg(tmp_path, source='files', files=corpus), 'test')
 
 
-def test_files_skip_undecodable_lines_and_warn(tmp_path, monkeypatch):
+def test_files_keep_undecodable_lines_as_the_reference_and_warn(tmp_path, monkeypatch):
+  # Its convert_to_unicode drops the bad bytes; U+FFFD marks them (WordPiece drops it too).
   path = tmp_path / 'bad.txt'
-  path.write_bytes(b'Good one.\nBad \xff\xfe line.\nGood two.\n\nAlso \xc3.\n\n'
+  path.write_bytes(b'\xef\xbb\xbfGood one.\nBad \xff\xfe line.\nGood two.\n\nAlso \xc3.\n\n'
                    b'Next doc.\n')
   warnings = []
   monkeypatch.setattr(sources.logging, 'warning',
                       lambda msg, *args: warnings.append(msg % args))
   data_cfg = _data_cfg(tmp_path, source='files', files=str(path), eval_files=str(path))
   assert list(sources.documents(data_cfg, 'train')) == [
-      ['Good one.', 'Good two.'], ['Next doc.']]
-  assert warnings == [f'Skipped 2 lines of {path} that are not UTF-8.']
+      ['Good one.', 'Bad \ufffd\ufffd line.', 'Good two.'], ['Also \ufffd.'], ['Next doc.']]
+  assert warnings == [f'2 lines of {path} are not UTF-8: read with U+FFFD for their bad bytes.']
 
 
 @pytest.mark.parametrize('text, expected', [
@@ -268,6 +269,24 @@ def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
   assert sources.get_tokenizer(data_cfg, 200).vocab_size == 200
   data_cfg.vocab_file = str(tmp_path / 'missing.txt')
   with pytest.raises(ValueError, match='data.vocab_file=.*does not exist'):
+    sources.get_tokenizer(data_cfg, 200)
+
+
+@pytest.mark.parametrize('pieces, lower_case, refused', [
+    (['the', 'cat'], True, ''), (['The', 'cat'], False, ''),
+    (['the', 'cat'], False, r"is uncased \(no capitalized piece\) but data.lower_case=False: "
+                            'set --config.data.lower_case=True'),
+    (['The', 'cat'], True, r'is cased \(it has capitalized pieces\) but data.lower_case=True'),
+])
+def test_a_vocabulary_of_the_other_casing_is_refused(tmp_path, pieces, lower_case, refused):
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join(list(tokenizer_lib.SPECIAL_TOKENS) + pieces) + '\n',
+                   encoding='utf-8')
+  data_cfg = _data_cfg(tmp_path, vocab_file=str(vocab), lower_case=lower_case)
+  if not refused:
+    assert sources.get_tokenizer(data_cfg, 200).vocab_size == 7
+    return
+  with pytest.raises(ValueError, match=refused):
     sources.get_tokenizer(data_cfg, 200)
 
 

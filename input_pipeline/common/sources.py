@@ -126,19 +126,21 @@ def _open_binary(path: str):
 
 
 def _read_documents(paths: list[str]) -> Iterator[Document]:
-  """Documents of reference-format files; lines that are not UTF-8 are skipped, and a file with
-  no UTF-8 text at all is an error naming its encoding."""
+  """Documents of reference-format files. A byte-order mark is no text; a line that is not
+  UTF-8 is kept with U+FFFD for its bad bytes (which WordPiece drops, as the reference drops
+  them), with one warning per file; a file with no UTF-8 line at all is an error naming its
+  encoding."""
   for path in paths:
     document, undecodable, decoded = [], 0, 0
     with _open_binary(path) as f:
-      for raw_line in f:
+      for number, raw_line in enumerate(f):
         try:
-          line = raw_line.decode('utf-8').strip()
+          line = raw_line.decode('utf-8-sig' if number == 0 else 'utf-8').strip()
+          decoded += bool(line)
         except UnicodeDecodeError:
           undecodable += 1
-          continue
+          line = raw_line.decode('utf-8', errors='replace').strip()
         if line:
-          decoded += 1
           document.append(line)
         elif document:
           yield document
@@ -150,7 +152,7 @@ def _read_documents(paths: list[str]) -> Iterator[Document]:
                        f'iconv -f latin1 -t utf-8 {path} > {path}.utf8, and point data.files '
                        'at the result.')
     if undecodable:
-      logging.warning('Skipped %d lines of %s that are not UTF-8.',
+      logging.warning('%d lines of %s are not UTF-8: read with U+FFFD for their bad bytes.',
                       undecodable, path)
 
 
@@ -437,6 +439,16 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
     if data_cfg.vocab_file.endswith('.json') != (kind == 'bpe'):
       raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is not a {kind} {file_name}:'
                        ' point it at one, or change data.tokenizer to match the file.')
+    lower = data_cfg.get('lower_case')
+    # As the reference's validate_case_matches_checkpoint: an uncased vocabulary read without
+    # lower-casing makes most capitalized words [UNK]; a cased one, lower-cased, never uses
+    # its capitalized pieces.
+    if kind == 'wordpiece' and lower is not None and (
+        lower == tokenizer_lib.vocab_is_cased(data_cfg.vocab_file)):
+      found = 'cased (it has capitalized pieces)' if lower else 'uncased (no capitalized piece)'
+      raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is {found} but '
+                       f'data.lower_case={lower}: set --config.data.lower_case={not lower}, or '
+                       'point data.vocab_file at the vocabulary of that casing.')
     return _open(tokenizer_class, data_cfg.vocab_file, data_cfg)
   casing = 'uncased' if data_cfg.lower_case and kind != 'words' else 'cased'
   split = words_lib.split_of(data_cfg) if kind == 'words' else 'punctuation'

@@ -374,6 +374,13 @@ def write_gpt1_bpe(vocab_file: str, merges_file: str, output_file: str) -> str:
 Tokenizer = WordPieceTokenizer | ByteLevelBPETokenizer
 
 
+def vocab_is_cased(path: str) -> bool:
+  """Whether a WordPiece vocab.txt is cased: it has capitalized pieces ([CLS] and the like
+  aside), where an uncased one was made from lower-cased text."""
+  with open(path, encoding='utf-8') as f:
+    return any(not line.startswith('[') and line != line.lower() for line in f)
+
+
 def load(path: str, lower_case: bool) -> Tokenizer:
   """The tokenizer a file defines: a .json is a byte-level BPE tokenizer.json, else a vocab.txt."""
   kind = ByteLevelBPETokenizer if path.endswith('.json') else WordPieceTokenizer
