@@ -26,6 +26,8 @@ import ml_collections
 from configs import bert_base
 from configs import common
 from input_pipeline import bert_finetune
+from input_pipeline import tagging
+from input_pipeline.tasks import task_metrics
 
 SPAN_TASKS = ('squad', 'offline_span')
 # Training examples (SQuAD: questions) per TFDS task, for the step count of the epochs.
@@ -52,6 +54,20 @@ def _task(name: str):
   if name in SPAN_TASKS:
     return None
   return bert_finetune.task_spec(name)
+
+
+def eval_metrics(task_name: str) -> tuple[str, ...]:
+  """The eval metrics (results-line names) a run of the task reports as its benchmark does:
+  F1 and exact match for span tasks, span F1 and word accuracy for tagging (word accuracy for
+  tags that are no spans), GLUE's per task (task_metrics.reported) for the others."""
+  task = _task(task_name)
+  if task is None:
+    names = ('f1', 'exact_match')
+  elif bert_finetune.is_tagging(task):
+    names = ('span_f1', 'word_accuracy') if tagging.span_tags(task) else ('word_accuracy',)
+  else:
+    names = task_metrics.reported(task_name, task.regression)
+  return tuple(f'eval_{name}' for name in names)
 
 
 def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:

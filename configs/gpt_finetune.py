@@ -20,6 +20,7 @@ import ml_collections
 from configs import common
 from configs import gpt
 from input_pipeline import gpt_finetune
+from input_pipeline.tasks import task_metrics
 
 # Training examples per TFDS task, for the paper's 3 epochs.
 TRAIN_EXAMPLES = {
@@ -34,6 +35,15 @@ BATCH_SIZE = 32
 LEARNING_RATES = {'base': 6.25e-5, 'tiny': 1e-3}
 # Offline tasks are small; their step count for a run of a few minutes on a CPU.
 OFFLINE_STEPS = 300
+
+
+def eval_metrics(task_name: str) -> tuple[str, ...]:
+  """The eval metrics (results-line names) a run of the task reports as its benchmark does
+  (GLUE's per task, task_metrics.reported; accuracy for multiple choice)."""
+  spec = gpt_finetune.task_spec(task_name)
+  names = (('accuracy',) if spec.kind == 'multiple_choice'
+           else task_metrics.reported(task_name, spec.regression))
+  return tuple(f'eval_{name}' for name in names)
 
 
 def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+from input_pipeline import tagging
 import sweep
 from trainer import runner
 
@@ -112,6 +114,36 @@ def test_each_shipped_sweep_loads_and_gives_every_variant_and_seed_its_own_run(p
   last_stage = [runs[-1].workdir for _, _, runs in expanded]
   assert len(set(last_stage)) == len(last_stage)
   assert len({label for label, _, _ in expanded}) == len(expanded) // len(loaded['seeds'])
+
+
+@pytest.mark.parametrize('task', ['cola', 'stsb', 'mrpc', 'qqp', 'sst2', 'mnli', 'offline_next',
+                                  'offline_capitalized', 'offline_replaced', 'conll2003',
+                                  'squad', 'offline_span'])
+def test_the_shipped_sweeps_tabulate_what_each_task_reports(task):
+  """The metrics a sweep tabulates are among those its task's eval writes (a missing one
+  stopped the summary after the whole sweep had trained), its benchmark's main one first."""
+  from configs import bert_finetune  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tasks import task_metrics  # pylint: disable=g-import-not-at-top
+  spec = bert_finetune._task(task)  # pylint: disable=protected-access
+  labels = np.array([0, 1, 1, 0, 1])
+  if spec is None:
+    written = {'f1', 'exact_match'}  # squad.evaluate's
+  elif hasattr(spec, 'label_names'):
+    tags = [[spec.label_names[0], spec.label_names[-1]]]
+    written = set(task_metrics.spans(tags, tags, chunks=bool(tagging.span_tags(spec))))
+  else:
+    written = set(task_metrics.classification(labels, labels, regression=spec.regression,
+                                              binary=spec.num_labels == 2))
+  metrics = bert_finetune.eval_metrics(task)
+  assert {m.removeprefix('eval_') for m in metrics} <= written, (metrics, written)
+  main = {'cola': 'eval_matthews_corr', 'stsb': 'eval_pearson', 'mrpc': 'eval_f1',
+          'offline_capitalized': 'eval_span_f1', 'squad': 'eval_f1'}
+  assert metrics[0] == main.get(task, metrics[0])
+  loaded = sweep.load_sweep(f'{ROOT}/configs/sweeps/bert_masking.py:tiny,{task}')
+  assert loaded['metrics'] == metrics + ('eval_loss',)
+  if task in ('cola', 'stsb', 'mrpc', 'sst2'):
+    assert sweep.load_sweep(f'{ROOT}/configs/sweeps/gpt_aux_lm.py:tiny,{task}')['metrics'][:-2] \
+        == metrics
 
 
 @pytest.mark.parametrize('text,message', [

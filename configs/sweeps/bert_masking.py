@@ -15,13 +15,11 @@ phases (128 tokens, then 512).
 import math
 
 from configs import bert_base
+from configs import bert_finetune
 
 # The mask rate's variants keep max_predictions_per_seq at the rate's share of each phase's row.
 TINY_SEQ_LENGTH, SEQ_LENGTH = 64, 128
 TINY_LATER_PHASES = ((0.9, 128, math.ceil(0.15 * 128), False),)
-METRICS = {'offline_capitalized': ('eval_span_f1', 'eval_accuracy'),
-           'conll2003': ('eval_span_f1', 'eval_accuracy'),
-           'squad': ('eval_f1', 'eval_exact_match'), 'offline_span': ('eval_f1', 'eval_exact_match')}
 
 
 def _rate(rate: float, seq_length: int, later_phases: tuple) -> dict:
@@ -56,4 +54,4 @@ def get_sweep(arg: str = 'tiny'):
           ('no NSP', {'pretrain.data.next_sentence_prediction': False}),
       ),
       seeds=(0, 1),
-      metrics=METRICS.get(task, ('eval_accuracy', 'eval_loss')))
+      metrics=bert_finetune.eval_metrics(task) + ('eval_loss',))

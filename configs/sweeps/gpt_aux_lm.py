@@ -8,6 +8,8 @@ The argument is SIZE[,TASK] (a configs/gpt.py size; a configs/gpt_finetune.py ta
 offline pair task offline_next by default).
 """
 
+from configs import gpt_finetune
+
 
 def get_sweep(arg: str = 'tiny'):
   size, _, task = arg.partition(',')
@@ -18,4 +20,5 @@ def get_sweep(arg: str = 'tiny'):
                {'train.num_steps': 300} if tiny else {})),
       variants=(('lambda 0.5 (the paper)', {}), ('lambda 0', {'finetune.loss.lm_coef': 0.0})),
       seeds=(0, 1),
-      metrics=('eval_accuracy', 'eval_task_loss', 'eval_lm_perplexity'))
+      metrics=gpt_finetune.eval_metrics(task or 'offline_next') + ('eval_task_loss',
+                                                                   'eval_lm_perplexity'))

@@ -14,6 +14,19 @@ iterator calls these functions with its examples.
 import numpy as np
 
 
+# What GLUE reports per task (Wang et al. 2018, table 1), where it is not accuracy alone.
+_GLUE_REPORTED = {'cola': ('matthews_corr',), 'mrpc': ('f1', 'accuracy'),
+                  'qqp': ('f1', 'accuracy'), 'stsb': ('pearson', 'spearman')}
+
+
+def reported(task_name: str, regression: bool) -> tuple[str, ...]:
+  """The metrics of `classification` that a task's benchmark reports, first the main one: GLUE's
+  per task, Pearson and Spearman for another regression, else accuracy."""
+  if task_name in _GLUE_REPORTED:
+    return _GLUE_REPORTED[task_name]
+  return ('pearson', 'spearman') if regression else ('accuracy',)
+
+
 def by_example(predictions: dict[str, np.ndarray], key: str, count: int) -> np.ndarray:
   """predictions[key] in example order; every example must have been predicted."""
   index = predictions['example_index']
