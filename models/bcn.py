@@ -77,9 +77,13 @@ class Config:
   integrator_dropout_rate: float = 0.1  # on [x_pool; y_pool]
   maxout_dropout_rates: tuple = (0.2, 0.3)  # after each of the first two maxout layers
   dtype: str = 'float32'
+  # optimizer.frozen (trainer.checks.model_config gives it): no gradient is computed into a
+  # frozen 'word_vectors' or 'encoder'; left out, it fine-tunes.
+  frozen: tuple = ('word_vectors', 'encoder')
 
   def __post_init__(self):
     # ml_collections may hand over lists.
+    object.__setattr__(self, 'frozen', tuple(self.frozen))
     object.__setattr__(self, 'maxout_dims', tuple(int(k) for k in self.maxout_dims))
     object.__setattr__(self, 'maxout_dropout_rates',
                        tuple(float(r) for r in self.maxout_dropout_rates))
@@ -227,14 +231,16 @@ class Model(nn.Module):
     lengths_R = _pair_rows(batch['x_lengths'][:, None], batch['y_lengths'][:, None])[:, 0]
     mask_RT = length_mask(lengths_R, ids_RT.shape[1])
 
-    # w~ = [GloVe(w); CoVe(w)], frozen: no dropout inside CoVe and no gradient into it.
-    vectors_RTW = cove.WordVectors(cove_config(cfg), name='word_vectors')(ids_RT)
+    # w~ = [GloVe(w); CoVe(w)]: no dropout inside CoVe, and no gradient into a frozen part.
+    frozen = lambda part, x: jax.lax.stop_gradient(x) if part in cfg.frozen else x  # noqa: E731
+    vectors_RTW = frozen('word_vectors',
+                         cove.WordVectors(cove_config(cfg), name='word_vectors')(ids_RT))
     w_RTE = vectors_RTW.astype(dtype)
     if cfg.use_cove:
       cove_RTX = cove.Encoder(cove_config(cfg), name='encoder')(
           vectors_RTW, lengths_R, deterministic=True)[-1]
-      w_RTE = jnp.concatenate([w_RTE, cove_RTX.astype(dtype)], axis=-1)
-    w_RTE = drop(cfg.embedding_dropout_rate, jax.lax.stop_gradient(w_RTE))
+      w_RTE = jnp.concatenate([w_RTE, frozen('encoder', cove_RTX).astype(dtype)], axis=-1)
+    w_RTE = drop(cfg.embedding_dropout_rate, w_RTE)
 
     f_RTF = layers.Einsum('RTE,EF->RTF', (w_RTE.shape[-1], cfg.feedforward_dim),
                           ('embed', 'mlp'), kernel_init=nn.initializers.glorot_uniform(),
@@ -269,8 +275,9 @@ class Model(nn.Module):
 
 def train_flops_per_example(cfg: Config, data_cfg) -> float:
   """Analytic training FLOPs of one example, x and y padded to data.max_seq_length (2 per
-  multiply-add): the frozen CoVe encoder's forward once (no gradient reaches it), 3x the
-  forward of the rest (its backward is 2x), every LSTM step and attention score counted."""
+  multiply-add): a frozen CoVe encoder's forward once (no gradient reaches it; 3x when it is
+  fine-tuned), 3x the forward of the rest (its backward is 2x), every LSTM step and attention
+  score counted."""
   T, W, H = data_cfg.max_seq_length, cfg.word_dim, cfg.hidden_size
   F, X, I = cfg.feedforward_dim, 2 * cfg.bilstm_dim, 2 * cfg.integrator_dim
 
@@ -288,4 +295,5 @@ def train_flops_per_example(cfg: Config, data_cfg) -> float:
   attention = 3 * 2 * T * T * X  # the scores, Cx and Cy
   Q, widths = cfg.maxout_pool_size, (8 * I, *cfg.maxout_dims, cfg.num_labels)
   maxout = sum(2 * a * b * Q for a, b in zip(widths[:-1], widths[1:]))
-  return 2.0 * cove_encoder + 3.0 * (2 * per_sequence + attention + maxout)
+  passes = 1.0 if 'encoder' in cfg.frozen else 3.0
+  return passes * 2 * cove_encoder + 3.0 * (2 * per_sequence + attention + maxout)

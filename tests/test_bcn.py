@@ -16,6 +16,7 @@ from input_pipeline.tasks import offline_tasks
 from models import bcn
 from models import cove
 from objectives import gpt_finetune as classification
+import trainer.checks
 
 TINY = dict(vocab_size=30, word_dim=6, hidden_size=5, num_encoder_layers=2, num_labels=3,
             feedforward_dim=7, bilstm_dim=4, integrator_dim=3, maxout_dims=(8, 6))
@@ -109,6 +110,23 @@ def test_gradients_skip_the_frozen_glove_and_cove(model_and_params):
   for name in ('feedforward', 'bilstm_forward', 'integrator_backward', 'x_self_attention',
                'y_self_attention', 'maxout_0', 'maxout_2'):
     assert any(g.any() for g in jax.tree.leaves(grads[name])), name
+  # optimizer.frozen without 'encoder' fine-tunes CoVe, as the docs say: its gradient flows.
+  config = cove_classifier.get_config('offline_shuffled,tiny')
+  config.model.update({k: v for k, v in model.config.__dict__.items() if k != 'frozen'})
+  config.optimizer.frozen = ('word_vectors',)  # the model takes it (trainer.checks.model_config)
+  tuned = bcn.Model(trainer.checks.model_config(config))
+  assert tuned.config.frozen == ('word_vectors',)
+
+  def tuned_loss(params):
+    outputs = tuned.apply({'params': params}, batch, deterministic=False,
+                          rngs={'dropout': jax.random.key(1)})
+    return classification.loss_fn(outputs, batch)[0]
+
+  grads = jax.tree.map(np.asarray, jax.jit(jax.grad(tuned_loss))(params))
+  assert all(not g.any() for g in jax.tree.leaves(grads['word_vectors']))
+  assert all(g.any() for g in jax.tree.leaves(grads['encoder']))
+  frozen_flops = bcn.train_flops_per_example(model.config, config.data)
+  assert bcn.train_flops_per_example(tuned.config, config.data) > frozen_flops
 
 
 def test_glove_and_cove_params_are_the_cove_models():

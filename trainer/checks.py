@@ -31,6 +31,8 @@ def model_config(config, platform: str | None = None) -> Any:
     raise ValueError(f'config.model has unknown fields {unknown}: remove them or use one of '
                      f'{sorted(known)}.')
   fields = config.model.to_dict()
+  if 'frozen' in known and 'frozen' not in fields:  # a model that stops gradients itself (BCN)
+    fields['frozen'] = tuple(config.get('optimizer', {}).get('frozen', ()))
   platform = platform or jax.default_backend()
   if fields.get('dtype') == 'auto':  # bfloat16 matmuls are slower than float32 on CPUs
     fields['dtype'] = 'float32' if platform == 'cpu' else 'bfloat16'
