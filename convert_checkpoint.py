@@ -170,9 +170,15 @@ def reference_shape(path: str, flat: dict) -> tuple[int, ...]:
   return shape if path.endswith('embedding') else (math.prod(shape),)
 
 
-def to_params(tensors: dict, flat: dict, names: dict, source: str, optional: str = ''):
+# What an HF BERT checkpoint may lack, initialized instead: BertModel's heads, and
+# BertForMaskedLM's pooler (it builds BERT without one; HF's run_mlm.py saves those).
+HF_BERT_OPTIONAL = ('cls.', 'bert.pooler.')
+
+
+def to_params(tensors: dict, flat: dict, names: dict, source: str,
+              optional: tuple[str, ...] = ()):
   """Our params (flat, of the shapes in `flat`) from the checkpoint's tensors; the paths absent
-  from it whose name starts with `optional` are returned to be initialized instead."""
+  from it whose name starts with one of `optional` are returned to be initialized instead."""
   params, fresh, used = {}, [], set()
   for path in flat:
     if path not in names:
@@ -393,7 +399,7 @@ def convert(fmt: str, input_dir: str, workdir: str, lower_case: bool | None = No
   init = model_init(config)
   names = name_map(BERT if family == 'bert' else GPT, fmt, config.model.num_layers)
   params, fresh = to_params(tensors, jax.eval_shape(init), names, source,
-                            optional='cls.' if fmt == 'hf' and family == 'bert' else '')
+                            optional=HF_BERT_OPTIONAL if fmt == 'hf' and family == 'bert' else ())
   if fresh:  # jitted, and only these: initializing every parameter compiles for long on CPUs
     params |= fresh_params(init, fresh)
   write_workdir(workdir, config, traverse_util.unflatten_dict(params, sep='/'), vocab_file)

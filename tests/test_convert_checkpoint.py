@@ -123,6 +123,35 @@ def test_hf_bert_hidden_states_match_transformers(hf_bert, bert_workdir):
   _assert_bert_matches(bert_workdir, hf_bert[1])
 
 
+def test_a_bert_for_masked_lm_checkpoint_converts_with_a_fresh_pooler(tmp_path):
+  # HF's BertForMaskedLM (what run_mlm.py saves) has the MLM head but no pooler.
+  source = tmp_path / 'mlm'
+  reference = _randomize(transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=64, max_position_embeddings=64)), 3)
+  reference.save_pretrained(source, safe_serialization=True)
+  (source / 'vocab.txt').write_text(''.join(t + '\n' for t in BERT_VOCAB), encoding='utf-8')
+  summary = convert_checkpoint.convert('hf', str(source), str(tmp_path / 'run'))
+  assert summary.endswith('initialized: nsp_head/bias, nsp_head/kernel, pooler/bias, '
+                          'pooler/kernel.'), summary
+  _, model, params, _ = trainer.state.load_trained(str(tmp_path / 'run'), 'bert', 'test')
+  batch = _bert_batch()
+  positions = np.broadcast_to(np.arange(12, dtype=np.int32), (2, 12))
+  ours = model.apply({'params': params}, {**batch, 'masked_lm_positions': positions},
+                     deterministic=True)
+  with torch.no_grad():
+    theirs = reference(input_ids=torch.tensor(batch['input_ids'], dtype=torch.long),
+                       attention_mask=torch.tensor(batch['input_mask']),
+                       token_type_ids=torch.tensor(batch['segment_ids'], dtype=torch.long),
+                       output_hidden_states=True)
+  real = batch['input_mask'] > 0
+  for layer, (a, b) in enumerate(zip(ours['hidden_states'], theirs.hidden_states)):
+    np.testing.assert_allclose(np.asarray(a)[real], b.numpy()[real], atol=1e-4,
+                               err_msg=f'hidden states {layer}')
+  mlm = np.asarray(ours['mlm_logits']).reshape(2, 12, -1)
+  np.testing.assert_allclose(mlm[real], theirs.logits.numpy()[real], atol=1e-4)
+
+
 def test_round_trip_hf_to_ours_to_hf_is_exact(hf_bert, bert_workdir, tmp_path):
   summary = convert_checkpoint.export_hf(bert_workdir, str(tmp_path / 'hf'))
   assert 'Left out' not in summary and 'Not in the run' not in summary
