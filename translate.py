@@ -8,7 +8,9 @@
 Beam search with a length penalty (Vaswani et al. 2017, sec. 6.1: beam 4,
 alpha 0.6, at most input length + 50 tokens); the defaults come from the
 run's config.decode. BLEU is sacrebleu's corpus BLEU on the detokenized
-output (the byte-level BPE decodes to the exact text).
+output (the byte-level BPE decodes to the exact text), case-insensitive for a
+run that lower-cases its text (data.lower_case). Each translation is one
+line of --output (a line break inside one is written as a space).
 """
 
 import sys
@@ -17,7 +19,7 @@ from absl import app
 from absl import flags
 
 from models.decoding import translate
-from objectives.seq2seq import bleu
+from objectives.seq2seq import bleu, lowercases_targets
 from trainer import cli
 from trainer.state import load_trained
 
@@ -49,8 +51,10 @@ def main(argv):
       if len(references) != len(hypotheses):
         raise ValueError(f'--reference has {len(references)} lines and --input '
                          f'{len(hypotheses)}: give line-aligned files.')
-      print(f'BLEU {bleu(hypotheses, references):.2f} '
-            f'({len(hypotheses)} sentences, beam {beam_size}, alpha {alpha})')
+      lower = lowercases_targets(tokenizer)
+      print(f'BLEU {bleu(hypotheses, references, lower):.2f} '
+            f'({len(hypotheses)} sentences, beam {beam_size}, alpha {alpha}'
+            + (', case-insensitive: the run lower-cases its text)' if lower else ')'))
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'translate.py: error: {e}')
 

@@ -62,6 +62,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
 
   config.loss = ml_collections.ConfigDict()
   config.loss.label_smoothing = 0.1  # eps_ls (sec. 5.4)
+  config.loss.normalize = 'tokens'  # per target token (objectives/seq2seq.py)
 
   # validation is newstest2013, the paper's development set.
   config.data = common.translation_data(tiny, 'wmt14_translate/de-en', v['max_seq_length'])

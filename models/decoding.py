@@ -305,9 +305,14 @@ def translate_ids(model, params, source_ids_BS: jax.Array, *, beam_size: int, al
 def translate(model, params, tokenizer, sentences: list[str], *, beam_size: int = 4,
               alpha: float = 0.6, max_extra_length: int = 50, batch_size: int = 32,
               max_length: int | None = None) -> list[str]:
-  """The translation of each sentence, in order (batched by length, then restored)."""
+  """The translation of each sentence, in order (batched by length, then restored), on one
+  line each: a line break the model writes (byte-level BPE can) is a space."""
   if beam_size < 1:
     raise ValueError(f'beam_size={beam_size}: use 1 (greedy) or more.')
+  if alpha < 0 or batch_size < 1:
+    raise ValueError(f'alpha={alpha}, batch_size={batch_size}: use alpha >= 0 (the length '
+                     'penalty\'s exponent, beam search stops early assuming it) and batch_size '
+                     '>= 1.')
   encoded = translation.encode_sources(tokenizer, list(sentences))
   limit = (model.config.max_position_embeddings
            if getattr(model.config, 'positions', None) == 'learned' else None)
@@ -331,5 +336,5 @@ def translate(model, params, tokenizer, sentences: list[str], *, beam_size: int 
     for r, i in enumerate(rows):
       row = list(ids[r])
       end = row.index(tokenizer.eot_id) if tokenizer.eot_id in row else len(row)
-      outputs[i] = tokenizer.decode(row[:end])
+      outputs[i] = ' '.join(tokenizer.decode(row[:end]).splitlines())
   return outputs

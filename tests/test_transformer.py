@@ -151,6 +151,68 @@ def test_label_smoothing_on_a_hand_computed_example():
   np.testing.assert_allclose(unsmoothed, np.log(4.0), rtol=1e-6)
 
 
+class _Tokens:
+  """A BPE stand-in: ids are the words' numbers; decode writes a line break between two."""
+  lower_case, start_id, eot_id = False, BOS, EOS
+
+  def encode_batch(self, texts):
+    return [[5 + len(word) for word in text.split()] for text in texts]
+
+  def decode(self, ids):
+    return ' '.join(map(str, ids[:2])) + '\n' + ' '.join(map(str, ids[2:]))
+
+
+def test_translations_are_one_line_each_and_bad_decoding_flags_are_refused():
+  model = transformer.Model(_config())
+  params = _params(model, _batch())
+  sentences = ['a bb ccc', 'dddd', '']
+  out = decoding.translate(model, params, _Tokens(), sentences, beam_size=2, max_extra_length=4,
+                           batch_size=2)
+  assert len(out) == 3 and not any('\n' in t for t in out)
+  for options in (dict(alpha=-1.0), dict(batch_size=0)):
+    with pytest.raises(ValueError, match=r'use alpha >= 0 .* batch_size >= 1'):
+      decoding.translate(model, params, _Tokens(), sentences, **options)
+
+
+def test_bleu_of_a_lower_casing_run_is_case_insensitive():
+  references = ['The Cat sat on the Mat .', 'Hello , World !']
+  hypotheses = [r.lower() for r in references]  # what a lower-cased target vocabulary writes
+  assert seq2seq.bleu(hypotheses, references) < 90
+  assert seq2seq.bleu(hypotheses, references, lowercase=True) == pytest.approx(100.0)
+
+  class Words:  # CoVe's SourceWords: the target BPE says
+    target = _Tokens()
+  lowering = _Tokens()
+  lowering.lower_case = True
+  assert not seq2seq.lowercases_targets(_Tokens()) and not seq2seq.lowercases_targets(Words())
+  assert seq2seq.lowercases_targets(lowering)
+
+
+def test_cove_divides_its_summed_loss_by_the_sentences_as_opennmt():
+  """OpenNMT-py sums the NLL and divides by the batch's sentences: two targets of 2 and 3
+  tokens (and an empty row) give the sum over 5 tokens / 2, and each real token's logit
+  gradient (softmax - onehot) / 2; per token it is / 5."""
+  logits = jax.random.normal(jax.random.key(0), (3, 4, 6))
+  batch = {'target_ids': jnp.array([[1, 2, 0, 0], [3, 4, 5, 0], [0, 0, 0, 0]])}
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch['target_ids'][..., None], -1)[..., 0]
+  real = batch['target_ids'] > 0
+  total = jnp.where(real, nll, 0.0).sum()
+  for normalize, divisor in (('sentences', 2.0), ('tokens', 5.0)):
+    loss_of = lambda x: seq2seq.loss_fn({'logits': x}, batch, label_smoothing=0.0,  # noqa: E731
+                                        normalize=normalize)[0]
+    np.testing.assert_allclose(loss_of(logits), total / divisor, rtol=1e-6)
+    grad = jax.grad(loss_of)(logits)
+    expected = (jax.nn.softmax(logits) - jax.nn.one_hot(batch['target_ids'], 6)) / divisor
+    np.testing.assert_allclose(grad[real], expected[real], rtol=1e-5, atol=1e-7)
+  packed = {'target_ids': jnp.array([[1, 2, 3, 4, 5, 0]]),
+            'target_segment_ids': jnp.array([[1, 1, 2, 2, 2, 0]])}
+  assert seq2seq.sentences(packed) == 2
+  from configs import cove  # pylint: disable=g-import-not-at-top
+  assert cove.get_config('base').loss.normalize == 'sentences'  # with OpenNMT's SGD at 1
+  with pytest.raises(ValueError, match="loss.normalize='words': use one of tokens, sentences"):
+    seq2seq.loss_fn({'logits': logits}, batch, normalize='words')
+
+
 def _trained_like_params(model, batch):
   # Large weights give peaked, varied distributions: different steps pick different tokens.
   params = _params(model, batch)

@@ -300,6 +300,8 @@ RANGES: dict[str, Any] = {
     'loss.label_smoothing': Interval(0, 1, open_high=True, what="the target's share given to "
                                                                  'the other classes'),
     'loss.lm_coef': NONNEGATIVE,
+    'loss.normalize': OneOf(_constant('objectives.seq2seq', 'NORMALIZE'),
+                            'a loss normalization'),
     'loss.mix_l2_coef': NONNEGATIVE,
     'loss.gradient_scale': POSITIVE,
     'loss.tasks': Free('data.tasks again (the CVT pipeline checks they are equal)'),
