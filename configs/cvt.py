@@ -98,6 +98,9 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 100 if tiny else 5000
   config.optimizer.decay_rate = 0.005
   config.optimizer.clip_norm = 1.0
+  # A module outside a step's loss (the primary ones on unlabeled batches, the auxiliary ones
+  # on labeled batches) keeps its weights and momentum, as TF leaves them in cvt_text.
+  config.optimizer.skip_without_gradient = True
 
   batch_size = 32 if tiny else 64
   config.train = common.finetuning_schedule(batch_size, 800 if tiny else 200_000)

@@ -306,6 +306,30 @@ def test_cvt_schedule_and_momentum_follow_cvt_text():
   np.testing.assert_allclose(params['w'], 1.0 - 0.1 * 1.0 - 0.1 * 1.9, rtol=1e-6)
 
 
+def test_a_cvt_module_outside_the_steps_loss_keeps_its_weights_and_momentum():
+  """cvt_text's variables outside a step's loss get no gradient, which TF's apply_gradients
+  skips: neither they nor their momentum slots change (optax's trace would move and decay)."""
+  opt = cvt_configs.get_config('tiny').optimizer
+  assert opt.skip_without_gradient
+  opt.update(clip_norm=1e9, frozen=())
+  tx = trainer.optimizer.make_optimizer(opt, lambda step: 0.1)
+  params = {'primary': np.ones(3, np.float32), 'auxiliary': np.ones(2, np.float32)}
+  state = tx.init(params)
+  labeled = {'primary': np.ones(3, np.float32), 'auxiliary': np.zeros(2, np.float32)}
+  unlabeled = {'primary': np.zeros(3, np.float32), 'auxiliary': np.ones(2, np.float32)}
+  trace = lambda state: [s for s in jax.tree.leaves(state) if np.shape(s) == (3,)][0]  # noqa: E731
+  for batch, moved, kept in ((labeled, 'primary', 'auxiliary'), (unlabeled, 'auxiliary', 'primary'),
+                             (labeled, 'primary', 'auxiliary')):
+    before = params
+    updates, state = tx.update(batch, state, params)
+    params = optax.apply_updates(params, updates)
+    assert (params[moved] != before[moved]).all()
+    np.testing.assert_array_equal(params[kept], before[kept])
+  # The primary's momentum at its second step: 0.9 * 1 + 1, not decayed by the unlabeled step.
+  np.testing.assert_allclose(trace(state), 1.9, rtol=1e-6)
+  np.testing.assert_allclose(params['primary'], 1.0 - 0.1 * 1.0 - 0.1 * 1.9, rtol=1e-6)
+
+
 def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
   # Vaswani et al. 2017, eq. 3: d^-0.5 min(step^-0.5, step warmup^-1.5), d = 512, warmup 4000.
   opt = ml_collections.ConfigDict(dict(learning_rate=512 ** -0.5 * 4000 ** -0.5,

@@ -77,6 +77,32 @@ def frozen_labels(frozen: tuple[str, ...]) -> Callable[[Any], Any]:
   return labels
 
 
+def _select_per_parameter(new: Any, old: Any, live: Any, structure) -> Any:
+  """`new` state, with its parameter-shaped parts (those of the params' `structure`, such as
+  a momentum) taken from `old` where `live` is False."""
+  if jax.tree.structure(new) == structure:
+    return jax.tree.map(lambda n, o, alive: jnp.where(alive, n, o), new, old, live)
+  if isinstance(new, tuple):  # optax's states: (named) tuples of states
+    parts = [_select_per_parameter(n, o, live, structure) for n, o in zip(new, old)]
+    return type(new)(*parts) if hasattr(new, '_fields') else type(new)(parts)
+  return new
+
+
+def skip_without_gradient(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner`, except that a parameter whose gradient is all zero in a step neither moves nor
+  has its state (a momentum) change in it, as TF's apply_gradients leaves a variable that the
+  step's loss has no gradient for (cvt_text's modules outside the step's loss: the primary
+  ones on an unlabeled batch, the auxiliary ones on a labeled one). Without it, SGD's momentum
+  moves them on every step and decays per global step."""
+  def update(updates, state, params=None):
+    new_updates, new_state = inner.update(updates, state, params)
+    live = jax.tree.map(lambda g: jnp.any(g != 0), updates)
+    new_state = _select_per_parameter(new_state, state, live, jax.tree.structure(updates))
+    return jax.tree.map(lambda u, alive: jnp.where(alive, u, jnp.zeros_like(u)),
+                        new_updates, live), new_state
+  return optax.GradientTransformation(inner.init, update)
+
+
 def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
   """Clipping then AdamW (BERT, GPT), Adagrad (bilm-tf) or SGD with momentum (cvt_text);
   optimizer.frozen params never move."""
@@ -95,6 +121,8 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
   # clip_norm 0 clips nothing (the Transformer's recipe has no clipping).
   tx = (optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), update) if opt_cfg.clip_norm
         else update)
+  if opt_cfg.get('skip_without_gradient'):
+    tx = skip_without_gradient(tx)
   frozen = tuple(opt_cfg.get('frozen', ()))
   if not frozen:
     return tx
