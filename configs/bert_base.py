@@ -48,7 +48,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.model.initializer_range = 0.02
   config.model.layer_norm_eps = 1e-12
   config.model.dtype = 'auto'  # compute dtype: auto = float32 on CPU, bfloat16 on TPU/GPU
-  config.model.attention = 'auto'  # TPU flash or GPU cuDNN kernel when attention_dropout_rate=0
+  # auto: TPU flash or GPU cuDNN without attention dropout; with it, our Triton kernel on GPUs.
+  config.model.attention = 'auto'
   config.model.scan_layers = False  # halves compile time at 24 layers, slower steps on CPU
   config.model.remat = False
 

@@ -52,7 +52,7 @@ ATTENTION_KERNELS = ('auto', 'xla') + FUSED_KERNELS
 
 
 def check_attention(attention: str, attention_dropout_rate: float) -> None:
-  """A model Config's check of its attention kernel (train.model_config resolves 'auto')."""
+  """A model Config's check of its attention kernel (checks.model_config resolves 'auto')."""
   if attention not in ATTENTION_KERNELS:
     raise ValueError(f'model.attention={attention!r}: use one of {ATTENTION_KERNELS}.')
   if attention == 'flash' and attention_dropout_rate:
