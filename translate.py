@@ -6,7 +6,8 @@
     python translate.py ... --beam_size=1 --alpha=0          # greedy
 
 Beam search with a length penalty (Vaswani et al. 2017, sec. 6.1: beam 4,
-alpha 0.6, at most input length + 50 tokens); the defaults come from the
+alpha 0.6, at most input length + 50 tokens, the input length the batch's
+longest); the defaults come from the
 run's config.decode. BLEU is sacrebleu's corpus BLEU on the detokenized
 output (the byte-level BPE decodes to the exact text), case-insensitive for a
 run that lower-cases its text (data.lower_case). Each translation is one
