@@ -120,7 +120,18 @@ def keep_for_keys(keys: Array, rows: int, columns: int, dropped: int) -> Array:
   XLA fuses into the kernels around it; with keep_pairs' stacked halves XLA wrote GPT-1's
   attention mask to memory (aot.py's H100 estimate of its step with XLA's attention: 97.4 ms
   against 81.6)."""
-  words = row_words(keys[..., None], jnp.arange(rows, dtype=jnp.uint32))
+  return _keep(row_words(keys[..., None], jnp.arange(rows, dtype=jnp.uint32)), columns, dropped)
+
+
+def keep_rows(key: Array, rows: Array, columns: int, dropped: int) -> Array:
+  """The kept elements (*rows.shape, columns) of the rows numbered `rows` (any integer array) of
+  a table `columns` wide, under one key: the mask of a dropout of the whole table, read at
+  those rows, so that a row has one mask wherever it is read."""
+  return _keep(row_words(key, rows), columns, dropped)
+
+
+def _keep(words: Array, columns: int, dropped: int) -> Array:
+  """The kept elements (*words.shape, columns) of rows with these words."""
   pair_of_column = np.repeat(column_words(columns), 2)[:columns]
   shift = np.resize(np.uint32([0, 16]), columns)
   draws = mix_on(words[..., None] ^ pair_of_column) >> shift
@@ -131,6 +142,27 @@ def dropout(x: Array, rate: float, rng: Array) -> Array:
   """x with each element zeroed with probability `rate`, the others scaled to keep the mean."""
   keep, scale = keep_mask(rng, rate, x.shape)
   return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype))
+
+
+class TableDropout(nn.Module):
+  """The dropout of an embedding table applied before the lookup, as OpenAI's GPT code drops
+  its table (`we = dropout(we, embd_pdrop, train)`, then the gather): on the looked-up rows
+  x (..., D) of ids `rows`, with one mask per row of the table for the whole step, the same
+  wherever (in the batch, at whichever position) the row is read. Only the rows read are
+  computed. Rngs 'dropout'."""
+  rate: float
+  rng_collection: str = 'dropout'
+
+  @nn.compact
+  def __call__(self, x: Array, rows: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    dropped = threshold(self.rate)
+    if dropped >= _LEVELS:
+      return jnp.zeros_like(x)
+    key = draw_keys(self.make_rng(self.rng_collection), ())
+    keep = keep_rows(key, rows.astype(jnp.uint32), x.shape[-1], dropped)
+    return jnp.where(keep, x * jnp.asarray(keep_scale(dropped), x.dtype), jnp.zeros((), x.dtype))
 
 
 class Dropout(nn.Module):

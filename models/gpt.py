@@ -14,12 +14,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models.dropout import Dropout
+from models.dropout import Dropout, TableDropout
 from models import layers
 
 Array = jax.Array
 
 HEADS = ('classify', 'choice')
+EMBEDDING_DROPOUTS = ('table', 'tokens')  # model.embedding_dropout
 # Task heads' modules: fresh when init_from was fine-tuned on another task (train.init_params).
 TASK_HEADS = ('classifier',)
 
@@ -34,6 +35,10 @@ class Config:
   mlp_dim: int = 3072
   max_position_embeddings: int = 512
   dropout_rate: float = 0.1  # residual and embedding dropout
+  # 'table': OpenAI's code drops elements of the token and position tables before the lookup,
+  # one mask per row for the step (a token has the same wherever it occurs); 'tokens': of each
+  # looked-up sum (HF's openai-gpt).
+  embedding_dropout: str = 'table'
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-5
@@ -52,6 +57,9 @@ class Config:
     layers.check_attention(self.attention, self.attention_dropout_rate)
     if self.head not in HEADS:
       raise ValueError(f'model.head={self.head!r} is unknown: use one of {HEADS}.')
+    if self.embedding_dropout not in EMBEDDING_DROPOUTS:
+      raise ValueError(f'model.embedding_dropout={self.embedding_dropout!r} is unknown: use one '
+                       f'of {EMBEDDING_DROPOUTS}.')
 
 
 class Model(nn.Module):
@@ -98,10 +106,15 @@ class Model(nn.Module):
     init = nn.initializers.normal(cfg.initializer_range)
     token_embed = layers.Embed(cfg.vocab_size, cfg.hidden_size, ('vocab', 'embed'),
                                init, dtype, name='token_embed')
-    x_NLD = token_embed(ids_NL)
-    x_NLD += layers.Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
-                          init, dtype, name='position_embed')(positions_NL)
-    x_NLD = Dropout(cfg.dropout_rate)(x_NLD, deterministic=deterministic)
+    tokens_NLD = token_embed(ids_NL)
+    positions_NLD = layers.Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
+                                init, dtype, name='position_embed')(positions_NL)
+    if cfg.embedding_dropout == 'table':
+      tokens_NLD = TableDropout(cfg.dropout_rate)(tokens_NLD, ids_NL, deterministic)
+      positions_NLD = TableDropout(cfg.dropout_rate)(positions_NLD, positions_NL, deterministic)
+      x_NLD = tokens_NLD + positions_NLD
+    else:
+      x_NLD = Dropout(cfg.dropout_rate)(tokens_NLD + positions_NLD, deterministic=deterministic)
     x_NLD = nn.with_logical_constraint(x_NLD, ('batch', 'length', 'act_embed'))
 
     block = functools.partial(

@@ -263,6 +263,33 @@ def test_choice_head_scores_each_sequence():
       np.testing.assert_allclose(out['logits'][b, c], expected, atol=1e-5)
 
 
+def test_embedding_dropout_drops_table_rows_as_openais_code():
+  """OpenAI drops elements of the token and position tables before the lookup: one mask per
+  row for the step, the same wherever the row is read; 'tokens' (HF's) draws per occurrence."""
+  ids = jnp.array([[7, 8, 7, 9, 7, 8], [9, 7, 8, 7, 9, 9]], jnp.int32)
+  batch = {'input_ids': ids}
+  for mode in ('table', 'tokens'):
+    cfg = _tiny(dropout_rate=0.5, embedding_dropout=mode)
+    params = _init(cfg, batch)
+    # Position rows of ones, token rows of twos: each part's mask shows in the sum's values.
+    params['position_embed']['embedding'] = jnp.ones_like(params['position_embed']['embedding'])
+    params['token_embed']['embedding'] = jnp.full_like(params['token_embed']['embedding'], 2.0)
+    x = np.asarray(gpt.Model(cfg).apply({'params': params}, batch, deterministic=False,
+                                        rngs={'dropout': jax.random.key(3)})['hidden_states'][0])
+    token_kept, position_kept = np.isin(x, (4.0, 6.0)), np.isin(x, (2.0, 6.0))  # scale 2
+    same_token = [np.array_equal(token_kept[0, 0], token_kept[r, c])
+                  for r, c in ((0, 2), (0, 4), (1, 1), (1, 3))]
+    same_position = [np.array_equal(position_kept[0, c], position_kept[1, c]) for c in range(6)]
+    if mode == 'table':
+      assert all(same_token) and all(same_position)
+      assert not np.array_equal(token_kept[0, 0], token_kept[0, 1])  # another token's row
+      assert 0.3 < token_kept.mean() < 0.7
+    else:
+      assert not any(same_token) and not any(same_position)
+  with pytest.raises(ValueError, match="model.embedding_dropout='rows' is unknown"):
+    _tiny(embedding_dropout='rows')
+
+
 def test_classifier_dropout_applies_in_training_only():
   cfg = _tiny(num_labels=2, classifier_dropout_rate=0.5)
   model = gpt.Model(cfg)

@@ -225,6 +225,8 @@ RANGES: dict[str, Any] = {
     'model.feature_layers': OneOf(_constant('models.bert_feature_tagger', 'FEATURE_LAYERS'),
                                   'a combination of layers'),
     'model.head': OneOf(_constant('models.bert', 'HEADS'), 'a head'),
+    'model.embedding_dropout': OneOf(_constant('models.gpt', 'EMBEDDING_DROPOUTS'),
+                                     'an embedding dropout'),
     'gpt:model.head': OneOf(_constant('models.gpt', 'HEADS'), 'a head'),
     'bert_feature_tagger:model.head': OneOf(lambda: ('tag',), 'a head'),
     # data: what is read, and how it is cut.
