@@ -59,6 +59,7 @@ OUTPUT.tmp, renamed to --output once complete.
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import Iterator
@@ -122,17 +123,17 @@ def batches(lengths: list[int], batch_size: int, max_tokens: int, longest: int |
   one long item alone, max_tokens padded tokens. Padded lengths are _bucket's (at most
   `longest`), padded rows powers of two up to batch_size, so few shapes are compiled."""
   order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+
+  def padded(first: int, rows: int) -> tuple[int, int]:
+    length = _bucket(lengths[order[first + rows - 1]])
+    return min(batch_size, 1 << (rows - 1).bit_length()), min(length, longest or length)
+
   start = 0
   while start < len(order):
     rows = min(batch_size, len(order) - start)
-    while True:
-      length = _bucket(lengths[order[start + rows - 1]])
-      length = min(length, longest) if longest else length
-      fit = 1 << (max(1, max_tokens // length).bit_length() - 1)  # rows that fit, a power of 2
-      if rows <= fit:
-        break
-      rows = fit
-    yield order[start:start + rows], min(batch_size, 1 << (rows - 1).bit_length()), length
+    while rows > 1 and math.prod(padded(start, rows)) > max_tokens:
+      rows -= 1
+    yield (order[start:start + rows], *padded(start, rows))
     start += rows
 
 
@@ -473,8 +474,8 @@ def main(argv):
     sys.exit('extract_features.py: error: pass --workdir=DIR --input=FILE --output=FILE.h5.')
   try:
     count = extract(f.workdir, f.input, f.output, layers=f.layers, batch_size=f.batch_size,
-                    max_batch_tokens=f.max_batch_tokens, glove=f.glove, cove_only=f.cove_only, combine=f.combine,
-                    max_seq_length=f.max_seq_length,
+                    max_batch_tokens=f.max_batch_tokens, glove=f.glove, cove_only=f.cove_only,
+                    combine=f.combine, max_seq_length=f.max_seq_length,
                     allow_untrained_positions=f.allow_untrained_positions)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'extract_features.py: error: {e}')

@@ -175,6 +175,9 @@ def test_batches_hold_a_token_budget_and_pad_rows_to_powers_of_two():
   # The longest alone, in its own bucket; BERT's lengths stop at max_seq_length.
   assert list(extract_features.batches([300, 5], 32, 512))[-1] == ([0], 1, 512)
   assert list(extract_features.batches([100, 5], 32, 4096, longest=100)) == [([1, 0], 2, 100)]
+  # A long line cuts down only the batch it would be in: the short ones still share a pass.
+  assert list(extract_features.batches([3, 0, 20, 5, 100], 4, 64)) == [
+      ([0, 3], 2, 8), ([2], 1, 32), ([4], 1, 128)]
 
 
 def test_a_failed_extraction_leaves_no_file(tmp_path):
