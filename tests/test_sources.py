@@ -277,6 +277,7 @@ def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
     (['the', 'cat'], False, r"is uncased \(no capitalized piece\) but data.lower_case=False: "
                             'set --config.data.lower_case=True'),
     (['The', 'cat'], True, r'is cased \(it has capitalized pieces\) but data.lower_case=True'),
+    (['हिंदी', '中文'], False, ''), (['हिंदी', '中文'], True, ''),  # scripts without case
 ])
 def test_a_vocabulary_of_the_other_casing_is_refused(tmp_path, pieces, lower_case, refused):
   vocab = tmp_path / 'vocab.txt'

@@ -443,8 +443,8 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
     # As the reference's validate_case_matches_checkpoint: an uncased vocabulary read without
     # lower-casing makes most capitalized words [UNK]; a cased one, lower-cased, never uses
     # its capitalized pieces.
-    if kind == 'wordpiece' and lower is not None and (
-        lower == tokenizer_lib.vocab_is_cased(data_cfg.vocab_file)):
+    casing = tokenizer_lib.vocab_casing(data_cfg.vocab_file) if kind == 'wordpiece' else None
+    if lower is not None and casing == ('cased' if lower else 'uncased'):
       found = 'cased (it has capitalized pieces)' if lower else 'uncased (no capitalized piece)'
       raise ValueError(f'data.vocab_file={data_cfg.vocab_file!r} is {found} but '
                        f'data.lower_case={lower}: set --config.data.lower_case={not lower}, or '

@@ -377,8 +377,18 @@ Tokenizer = WordPieceTokenizer | ByteLevelBPETokenizer
 def vocab_is_cased(path: str) -> bool:
   """Whether a WordPiece vocab.txt is cased: it has capitalized pieces ([CLS] and the like
   aside), where an uncased one was made from lower-cased text."""
+  return vocab_casing(path) == 'cased'
+
+
+def vocab_casing(path: str) -> str | None:
+  """'cased' (capitalized pieces, [CLS] and the like aside), 'uncased' (letters that have a
+  case, none capitalized) or None (no letter with a case: a script without one, such as
+  Devanagari or Chinese, says nothing)."""
   with open(path, encoding='utf-8') as f:
-    return any(not line.startswith('[') and line != line.lower() for line in f)
+    pieces = [line.rstrip('\n') for line in f if not line.startswith('[')]
+  if any(p != p.lower() for p in pieces):
+    return 'cased'
+  return 'uncased' if any(p != p.upper() for p in pieces) else None
 
 
 def load(path: str, lower_case: bool) -> Tokenizer:
