@@ -231,15 +231,18 @@ class Model(nn.Module):
     lengths_R = _pair_rows(batch['x_lengths'][:, None], batch['y_lengths'][:, None])[:, 0]
     mask_RT = length_mask(lengths_R, ids_RT.shape[1])
 
-    # w~ = [GloVe(w); CoVe(w)]: no dropout inside CoVe, and no gradient into a frozen part.
-    frozen = lambda part, x: jax.lax.stop_gradient(x) if part in cfg.frozen else x  # noqa: E731
-    vectors_RTW = frozen('word_vectors',
-                         cove.WordVectors(cove_config(cfg), name='word_vectors')(ids_RT))
+    # w~ = [GloVe(w); CoVe(w)]: no dropout inside CoVe, and no gradient computed that only a
+    # frozen part would take (through a frozen encoder to trained word vectors it flows).
+    vectors_RTW = cove.WordVectors(cove_config(cfg), name='word_vectors')(ids_RT)
+    if 'word_vectors' in cfg.frozen:
+      vectors_RTW = jax.lax.stop_gradient(vectors_RTW)
     w_RTE = vectors_RTW.astype(dtype)
     if cfg.use_cove:
       cove_RTX = cove.Encoder(cove_config(cfg), name='encoder')(
           vectors_RTW, lengths_R, deterministic=True)[-1]
-      w_RTE = jnp.concatenate([w_RTE, frozen('encoder', cove_RTX).astype(dtype)], axis=-1)
+      if _encoder_gets_no_gradient(cfg):
+        cove_RTX = jax.lax.stop_gradient(cove_RTX)
+      w_RTE = jnp.concatenate([w_RTE, cove_RTX.astype(dtype)], axis=-1)
     w_RTE = drop(cfg.embedding_dropout_rate, w_RTE)
 
     f_RTF = layers.Einsum('RTE,EF->RTF', (w_RTE.shape[-1], cfg.feedforward_dim),
@@ -273,10 +276,15 @@ class Model(nn.Module):
     return {'logits': logits_BN.astype(jnp.float32), 'pooled': pooled_BP}
 
 
+def _encoder_gets_no_gradient(cfg: Config) -> bool:
+  """Both the encoder and the word vectors under it frozen: no backward pass through CoVe."""
+  return {'encoder', 'word_vectors'} <= set(cfg.frozen)
+
+
 def train_flops_per_example(cfg: Config, data_cfg) -> float:
   """Analytic training FLOPs of one example, x and y padded to data.max_seq_length (2 per
-  multiply-add): a frozen CoVe encoder's forward once (no gradient reaches it; 3x when it is
-  fine-tuned), 3x the forward of the rest (its backward is 2x), every LSTM step and attention
+  multiply-add): a frozen CoVe encoder over frozen word vectors forward once (no gradient
+  reaches it; else 3x), 3x the forward of the rest (its backward is 2x), every LSTM step and attention
   score counted."""
   T, W, H = data_cfg.max_seq_length, cfg.word_dim, cfg.hidden_size
   F, X, I = cfg.feedforward_dim, 2 * cfg.bilstm_dim, 2 * cfg.integrator_dim
@@ -295,5 +303,5 @@ def train_flops_per_example(cfg: Config, data_cfg) -> float:
   attention = 3 * 2 * T * T * X  # the scores, Cx and Cy
   Q, widths = cfg.maxout_pool_size, (8 * I, *cfg.maxout_dims, cfg.num_labels)
   maxout = sum(2 * a * b * Q for a, b in zip(widths[:-1], widths[1:]))
-  passes = 1.0 if 'encoder' in cfg.frozen else 3.0
+  passes = 1.0 if _encoder_gets_no_gradient(cfg) else 3.0
   return passes * 2 * cove_encoder + 3.0 * (2 * per_sequence + attention + maxout)

@@ -127,6 +127,18 @@ def test_gradients_skip_the_frozen_glove_and_cove(model_and_params):
   assert all(g.any() for g in jax.tree.leaves(grads['encoder']))
   frozen_flops = bcn.train_flops_per_example(model.config, config.data)
   assert bcn.train_flops_per_example(tuned.config, config.data) > frozen_flops
+  # A frozen encoder over trained word vectors passes their gradient through.
+  config.optimizer.frozen = ('encoder',)
+  under = bcn.Model(trainer.checks.model_config(config))
+
+  def under_loss(params):
+    outputs = under.apply({'params': params}, batch, deterministic=False,
+                          rngs={'dropout': jax.random.key(1)})
+    return classification.loss_fn(outputs, batch)[0]
+
+  grads = jax.tree.map(np.asarray, jax.jit(jax.grad(under_loss))(params))
+  # Through CoVe: its weights' gradient is computed on the way (the optimizer drops it).
+  assert all(g.any() for g in jax.tree.leaves(grads['encoder']))
 
 
 def test_glove_and_cove_params_are_the_cove_models():
@@ -304,3 +316,11 @@ def test_tiny_cove_sizes_are_configs_coves():
   for ours, their_field in bcn.INIT_FROM_FIELDS.items():
     assert config.model[ours] == theirs[their_field], ours
   assert config.data.lower_case == cove_configs.get_config('tiny').data.lower_case
+
+
+def test_the_word_split_comes_from_init_from_and_defaults_without_a_run():
+  # bench.py and aot.py read no run: the split for raw text (the BCN's sizes are its own).
+  config = cove_classifier.get_config('offline_shuffled,tiny')
+  assert config.data.split_words is None
+  trainer.checks.inherit_unset_fields(config, None)
+  assert config.data.split_words == 'punctuation'

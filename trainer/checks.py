@@ -301,9 +301,17 @@ def inherit_unset_fields(config, workdir: str | None) -> None:
   elif config.get('init_from'):
     source, saved = config.init_from, check_init_from_run(config, need_checkpoint=False)
   else:
+    # Without a run to take it from (bench.py and aot.py on synthetic batches), the split for
+    # raw text; a size and the casing have no such default.
+    if ('data', 'split_words') in unset:
+      unset.remove(('data', 'split_words'))
+      config.data.split_words = _SHAPE_FIELD_DEFAULTS['split_words']
+    if not unset:
+      return
     part, field = unset[0]
     raise ValueError(f'config.{part}.{field} is unset and taken from the pretrained run: set '
-                     '--config.init_from to its workdir (or pick a size: <task>,<size>).')
+                     f'--config.init_from to its workdir (or --config.{part}.{field}; for a '
+                     'size: <task>,<size>).')
   for part, field in unset:
     value = (saved or {}).get(part, {}).get(field, _SHAPE_FIELD_DEFAULTS.get(field))
     if value is None:
