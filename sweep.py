@@ -418,6 +418,10 @@ def main(argv):
   failed = []
   try:
     if not FLAGS.summarize:
+      # One sweep in a workdir at a time: a second would rewrite sweep.json and start train.py
+      # in the runs the first is running (each run's own workdir refuses it then, as FAILED).
+      os.makedirs(FLAGS.workdir, exist_ok=True)
+      cli.hold_directory(FLAGS.workdir)  # until this process ends
       runs = unique_runs(prepare(FLAGS.sweep, FLAGS.workdir))
       if FLAGS.print_commands:
         stage = None

@@ -16,6 +16,7 @@ from configs import gpt as gpt_config
 from configs.bert_base import get_config as bert_config
 from trainer import checkpoints
 from trainer import checks
+from trainer import cli
 from trainer import host_memory
 import trainer.loop
 
@@ -106,6 +107,20 @@ def test_a_workdir_in_use_by_another_run_is_refused_before_anything_is_built(tmp
         pass
   with trainer.loop.workdir_lock(str(new)):
     pass
+  # A sweep holds its workdir as a run does (sweep.py's main).
+  sweep_dir = tmp_path / 'sweep'
+  sweep_dir.mkdir()
+  held = cli.hold_directory(str(sweep_dir))
+  try:
+    result = subprocess.run([sys.executable, os.path.join(ROOT, 'sweep.py'),
+                             '--sweep=configs/sweeps/gpt_aux_lm.py', f'--workdir={sweep_dir}'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  finally:
+    os.close(held)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f'sweep.py: error: {sweep_dir} is in use by another training process'), result.stderr
+  assert os.listdir(sweep_dir) == []
 
 
 def test_text_file_that_is_not_utf8(tmp_path):

@@ -120,6 +120,38 @@ def test_a_hangup_stops_as_a_preemption_does_unless_nohup_ignores_it():
     signal.signal(signal.SIGHUP, before)
 
 
+_HUNG_UP = '''
+import signal, sys, time
+import trainer.stop
+stop = trainer.stop.StopRequested()
+signal.signal(signal.SIGHUP, stop)
+print('ready', flush=True)
+while not stop.flag:
+  time.sleep(0.01)
+time.sleep(0.2)
+for _ in range(3):  # the loop's progress and checkpoint lines, to a terminal that is gone
+  print('saved a checkpoint; stopping', flush=True)
+sys.exit(75)
+'''
+
+
+def test_a_run_whose_terminal_hangs_up_still_saves_and_exits_75():
+  """After a hangup every write to the terminal fails (EIO): the run's lines go nowhere
+  instead of ending it with a traceback before its checkpoint."""
+  import pty  # pylint: disable=g-import-not-at-top
+  pid, terminal = pty.fork()
+  if pid == 0:  # the child: a run on the terminal
+    os.execve(sys.executable, [sys.executable, '-c', _HUNG_UP],
+              dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu'))
+  output = b''
+  deadline = time.time() + 60
+  while b'ready' not in output and time.time() < deadline:
+    output += os.read(terminal, 1024)
+  os.close(terminal)  # the terminal closes: the kernel sends SIGHUP
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 75
+
+
 def test_a_second_ctrl_c_while_saving_waits_for_the_save(capfd):
   stop = trainer.stop.StopRequested()
   stop.trained = True

@@ -1,5 +1,6 @@
 """Command-line helpers shared by the entry points (train.py, bench.py, ...)."""
 
+import fcntl
 import importlib.util
 import os
 import sys
@@ -89,3 +90,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     if 'Failed loading config file' in str(e):  # an override of a file that is not there
       fallback = _unloadable(e)
     sys.exit(f'{os.path.basename(argv[0])}: error: {reason or fallback}')
+
+
+def hold_directory(path: str) -> int:
+  """An exclusive flock on the directory `path`, held until the returned descriptor is closed
+  or the process ends, however it ends; a ValueError in one line if another process holds it
+  (a run's workdir, a sweep's)."""
+  handle = os.open(path, os.O_RDONLY)
+  try:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(handle)
+    raise ValueError(f'{path} is in use by another training process (a train.py, sweep or '
+                     'notebook still running there): wait for it or stop it, or pass another '
+                     '--workdir.') from None
+  return handle

@@ -3,7 +3,6 @@
 import collections
 import contextlib
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
@@ -20,6 +19,7 @@ import optax
 
 import input_pipeline
 from trainer import checkpoints
+from trainer import cli
 from trainer import evaluation
 from trainer import host_memory
 from trainer import metric_writer
@@ -88,9 +88,10 @@ def has_trained_eot(config, before: dict | None) -> bool | None:
   return True if input_pipeline.trains_eot(config.data) else (before or {}).get('eot_trained')
 
 
-def setup(config, workdir: str, mesh) -> Run:
+def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = None) -> Run:
   """Checks, model and state (restored if the workdir has a checkpoint), and the data of the
-  phase the run is in."""
+  phase the run is in; `take_workdir` (workdir_lock's) is called once the workdir exists, after
+  the checks and before anything is written or built."""
   # Checks, before any data is read or anything compiled. A resumed run needs
   # nothing from init_from any more (it may have been moved).
   ranges.check(config)  # first: the checks below read model_name and init_from
@@ -101,6 +102,8 @@ def setup(config, workdir: str, mesh) -> Run:
   if config.get('init_from') and not checkpoints.exist(workdir):
     check_init_from(config)
   os.makedirs(workdir, exist_ok=True)
+  if take_workdir:
+    take_workdir()
   resuming = checkpoints.exist(workdir)
   # The state's shapes and shardings by tracing alone, so that a mesh that cannot split a
   # parameter is named before the vocabulary and the data are built. A restored state is read
@@ -396,22 +399,14 @@ def workdir_lock(workdir: str):
   """The workdir held for this run by its first process, released when the process ends,
   however it ends: a second run there, which would write the same checkpoints and metrics, is
   refused in one line. Taken on entry if the workdir exists; a new one (made by setup, after
-  the checks) is taken by calling what this yields.
+  the checks, before anything is written or built in it) is taken by calling what this yields.
   """
   handles = []
 
   def take():
     if handles or jax.process_index() != 0 or not os.path.isdir(workdir):
       return  # (a workdir that is a file: setup's check says so)
-    handle = os.open(workdir, os.O_RDONLY)
-    try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(handle)
-      raise ValueError(f'{workdir} is in use by another training process (a train.py, sweep or '
-                       'notebook still running there): wait for it or stop it, or pass another '
-                       '--workdir.') from None
-    handles.append(handle)
+    handles.append(cli.hold_directory(workdir))
 
   take()
   try:
@@ -435,9 +430,7 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     mesh = sharding.make_mesh(config.mesh, devices)
     sharding.check_processes_split_the_batch(sharding.batch_shards_by_process(mesh), config.mesh)
     with workdir_lock(workdir) as take, jax.set_mesh(mesh):
-      run = setup(config, workdir, mesh)
-      take()  # a workdir setup made
-      return train_loop(run, stop, stop_after_steps)
+      return train_loop(setup(config, workdir, mesh, take), stop, stop_after_steps)
   finally:
     for signum, handler in previous_handlers.items():
       signal.signal(signum, handler)

@@ -4,6 +4,7 @@ first (trainer/loop.py asks `requested` at each step and saves inside `deferred`
 import contextlib
 import os
 import signal
+import stat
 import sys
 
 import jax
@@ -61,6 +62,8 @@ class StopRequested:
              'checkpoint stays complete).')
       self.at_once_when_done = True
       return
+    if signum == signal.SIGHUP:
+      _leave_the_terminal()
     first = self.signal_name is None
     # Set before the notice: a second Ctrl-C may run this handler while the first one prints.
     self.signal_name = self.signal_name or signal.Signals(signum).name
@@ -95,6 +98,21 @@ class StopRequested:
   def describe(self) -> str:
     return ('Ctrl-C' if self.signal_name == 'SIGINT' else self.signal_name or
             "Another host's stop signal")
+
+
+def _leave_the_terminal() -> None:
+  """stdout and stderr to /dev/null where they are a terminal (a character device): after a
+  hangup every write to it fails (EIO), and the run's next progress line would end it with a
+  traceback before its checkpoint. Files and pipes (a log, a sweep's) stay."""
+  for fd in (1, 2):
+    try:
+      if stat.S_ISCHR(os.fstat(fd).st_mode) and os.path.realpath(f'/proc/self/fd/{fd}') != (
+          os.devnull):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+      pass
 
 
 def _say(line: str) -> None:
