@@ -17,6 +17,7 @@ from configs import gpt_finetune as finetune_configs
 import input_pipeline
 from models import gpt
 from trainer import checkpoints
+from trainer import runner
 from trainer import sharding
 import trainer.checks
 import trainer.loop
@@ -105,6 +106,9 @@ def test_finetuning_from_pretrained_beats_the_majority_class(pretrained, data_di
   # The pretraining trained <|endoftext|>; its checkpoints say so, and the fine-tuning's too.
   assert checkpoints.newest_data(pretrained)['eot_trained'] is True
   assert checkpoints.newest_data(str(tmp_path))['eot_trained'] is True
+  # And which step of the pretraining it started from, for a sweep to check.
+  with open(os.path.join(tmp_path, runner.STARTED_FROM)) as f:
+    assert json.load(f) == {'init_from': pretrained, 'step': PRETRAIN_STEPS}
 
 
 @pytest.mark.slow

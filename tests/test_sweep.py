@@ -269,6 +269,40 @@ def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
     runner.check_unchanged(runs)
 
 
+CHAIN = '''
+def get_sweep(arg=''):
+  return dict(stages=(('lm', 'configs/gpt.py:tiny', {{'train.num_steps': {steps}}}),
+                      ('tune', 'configs/gpt_finetune.py:offline_next', {{}})),
+              variants=(('a', {{}}),), seeds=(0,), metrics=('eval_accuracy',))
+'''
+
+
+def test_a_fine_tuning_of_a_pretraining_since_extended_is_not_the_sweeps_result(tmp_path):
+  """The fine-tuning's own settings did not change, but the pretraining it started from
+  trains further now: its results are of the old pretraining."""
+  workdir = str(tmp_path / 'w')
+
+  def prepared(steps):
+    if os.path.exists(os.path.join(workdir, sweep.SWEEP_FILE)):
+      os.remove(os.path.join(workdir, sweep.SWEEP_FILE))
+    return sweep.unique_runs(sweep.prepare(_write(tmp_path, CHAIN.format(steps=steps)), workdir))
+
+  pretrain, tune = prepared(10)
+  _fake_run(pretrain, [(5, 0.5)], 0.5)
+  _fake_run(tune, [(5, 0.7)], 0.7)
+  with open(os.path.join(tune.workdir, runner.STARTED_FROM), 'w') as f:
+    json.dump({'init_from': pretrain.workdir, 'step': 10}, f)
+  assert runner.finished(tune) and runner.started_from(tune) == 10
+  runner.check_unchanged([pretrain, tune])
+  pretrain, tune = prepared(20)
+  with pytest.raises(ValueError, match=r'tune/.* started from step 10 of .*lm.*, which the sweep '
+                     'now trains to step 20: undo the change'):
+    runner.check_unchanged([pretrain, tune])
+  _fake_run(pretrain, [(5, 0.5)], 0.4)  # the pretraining, resumed to its 20 steps
+  assert runner.finished(pretrain) and not runner.finished(tune)
+  assert [r['runs'] for r in sweep.summarize(workdir)] == ['0/1']
+
+
 def test_a_sweep_is_found_from_any_directory_by_any_spelling_of_its_workdir(tmp_path,
                                                                            monkeypatch):
   monkeypatch.chdir(tmp_path)

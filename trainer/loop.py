@@ -3,6 +3,7 @@
 import collections
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import numpy as np
 import optax
 
 import input_pipeline
+from input_pipeline.common import tokenizer as tokenizer_lib
 from trainer import checkpoints
 from trainer import cli
 from trainer import evaluation
@@ -25,6 +27,7 @@ from trainer import host_memory
 from trainer import metric_writer
 from trainer import phases as phases_lib
 from trainer import ranges
+from trainer import runner
 from trainer import sharding
 from trainer.stop import StopRequested, signals_to_handle
 from trainer.checks import check_init_from, check_resumable_params, check_run_directories
@@ -33,11 +36,19 @@ from trainer.state import TrainState, abstract_batch, build, initial_state
 from trainer.steps import accumulate
 
 
-def write_workdir_files(config, workdir: str, tokenizer) -> None:
+def write_workdir_files(config, workdir: str, tokenizer, started_from: int | None = None
+                        ) -> None:
+  """config.json, the vocabulary, and for a run starting from config.init_from, the step of
+  the checkpoint it started from (runner.STARTED_FROM: a sweep then knows a fine-tuning of an
+  earlier state of its pretraining)."""
   if jax.process_index() != 0:
     return
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
+  if started_from is not None:
+    tokenizer_lib.write_lines_atomically(
+        [json.dumps({'init_from': config.init_from, 'step': started_from})],
+        os.path.join(workdir, runner.STARTED_FROM))
   # CoVe keeps two vocabularies (source words, target subwords); the others one.
   files = (tokenizer.files() if hasattr(tokenizer, 'files')
            else {type(tokenizer).FILE_NAME: tokenizer.vocab_file})
@@ -139,7 +150,9 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
     positions = phases_lib.trained_positions(config.init_from) or 0
     before = checkpoints.newest_data(config.init_from)
   eot_trained = has_trained_eot(config, before)
-  write_workdir_files(config, workdir, tokenizer)
+  started_from = (checkpoints.newest_step(config.init_from)
+                  if config.get('init_from') and not resuming else None)
+  write_workdir_files(config, workdir, tokenizer, started_from)
   run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
             phases_lib.of(config), positions, eot_trained)
   step = int(state.step) if resuming else 0

@@ -76,9 +76,26 @@ def changes(run: Any) -> list[tuple[str, Any, Any]]:
   return found
 
 
+# A run started from config.init_from writes here which step of it (trainer/loop.py).
+STARTED_FROM = 'started_from.json'
+
+
+def started_from(run: Any) -> int | None:
+  """The step of run.init_from's checkpoint the run started from; None if it says nothing
+  (not started, or started before runs wrote it)."""
+  path = os.path.join(run.workdir, STARTED_FROM)
+  if not run.init_from or not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return int(json.load(f)['step'])
+
+
 def check_unchanged(runs: list[Any]) -> None:
   """One line naming the fix for a run that ran with other settings than the sweep now asks
-  (more or fewer train.num_steps are the run's to catch up on, or not: it is then unfinished)."""
+  (more or fewer train.num_steps are the run's to catch up on, or not: it is then unfinished),
+  or that started from a state of its init_from run other than the one the sweep now trains
+  that run to (the fine-tuning of a pretraining since extended)."""
+  by_workdir = {run.workdir: run for run in runs}
   for run in runs:
     changed = [c for c in changes(run) if c[0] != 'train.num_steps']
     if changed:
@@ -86,16 +103,28 @@ def check_unchanged(runs: list[Any]) -> None:
       raise ValueError(f'{run.workdir} ran with {field}={json.dumps(saved)} but the sweep now '
                        f'asks {field}={json.dumps(value)}: undo the change, use a new '
                        '--workdir, or delete that run\'s directory to run it again.')
+    step, upstream = started_from(run), by_workdir.get(run.init_from)
+    if step is not None and upstream is not None:
+      target = requested(upstream)['train.num_steps']
+      if step != target:
+        raise ValueError(f'{run.workdir} started from step {step} of {run.init_from}, which the '
+                         f'sweep now trains to step {target}: undo the change, use a new '
+                         '--workdir, or delete that run\'s directory to run it again.')
 
 
 def finished(run: Any) -> bool:
-  """Its results line is at train.num_steps, and it ran with the settings the sweep asks."""
+  """Its results line is at train.num_steps, it ran with the settings the sweep asks, and
+  it started from the state its init_from run has its results at."""
   _, results = read_metrics(run.workdir)
   config_path = os.path.join(run.workdir, 'config.json')
   if results is None or not os.path.exists(config_path):
     return False
   with open(config_path, encoding='utf-8') as f:
-    return (results['step'] == json.load(f)['train']['num_steps'] and not changes(run))
+    if results['step'] != json.load(f)['train']['num_steps'] or changes(run):
+      return False
+  step = started_from(run)
+  upstream = read_metrics(run.init_from)[1] if step is not None else None
+  return upstream is None or upstream['step'] == step
 
 
 class Interrupted(Exception):
