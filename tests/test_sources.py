@@ -291,9 +291,9 @@ def test_a_vocabulary_of_the_other_casing_is_refused(tmp_path, pieces, lower_cas
     sources.get_tokenizer(data_cfg, 200)
 
 
-def test_undecodable_tfds_documents_are_skipped_and_counted(caplog):
+def test_undecodable_tfds_documents_are_kept_as_text_files_lines_and_counted(caplog):
   texts = ['First doc. Second sentence.'.encode(), b'\xff\xfe broken', 'Third doc.'.encode()]
   with caplog.at_level('WARNING'):
     docs = list(sources._decoded_documents(texts, 'fake:train'))
-  assert docs == [['First doc.', 'Second sentence.'], ['Third doc.']]
-  assert 'Skipped 1 documents of fake:train' in caplog.text
+  assert docs == [['First doc.', 'Second sentence.'], ['\ufffd\ufffd broken'], ['Third doc.']]
+  assert '1 documents of fake:train are not UTF-8: read with U+FFFD' in caplog.text

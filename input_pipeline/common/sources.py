@@ -241,15 +241,19 @@ def _tfds_documents(data_cfg: ml_collections.ConfigDict, split: str,
 def _decoded_documents(texts: Iterable[bytes], name: str, split: bool = True
                        ) -> Iterator[Document]:
   """UTF-8 documents (`split`: their paragraphs split into sentences, else each line one
-  sentence); undecodable ones are skipped and counted at the end of the pass."""
-  skipped = 0
+  sentence); one that is not UTF-8 is read with U+FFFD for its bad bytes, as text files'
+  lines are, and counted at the end of the pass."""
+  bad = 0
   for text in texts:
     try:
-      yield _text_document(text.decode('utf-8'), split)
+      decoded = text.decode('utf-8')
     except UnicodeDecodeError:
-      skipped += 1
-  if skipped:
-    logging.warning('Skipped %d documents of %s that are not valid UTF-8.', skipped, name)
+      bad += 1
+      decoded = text.decode('utf-8', errors='replace')
+    yield _text_document(decoded, split)
+  if bad:
+    logging.warning('%d documents of %s are not UTF-8: read with U+FFFD for their bad bytes.',
+                    bad, name)
 
 
 def _text_document(text: str, split: bool = True) -> Document:
