@@ -75,7 +75,6 @@ import numpy as np
 
 from input_pipeline import gpt_finetune
 from input_pipeline.common import glove as glove_lib
-from input_pipeline.common import words as words_lib
 from models import bert
 from models import bert_feature_tagger
 from models import cove

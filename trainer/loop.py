@@ -147,8 +147,8 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
     if jax.process_index() == 0:
       print(f'Resuming from step {int(state.step)} in {workdir}.', flush=True)
   elif config.get('init_from'):
-    positions = phases_lib.trained_positions(config.init_from) or 0
-    before = checkpoints.newest_data(config.init_from)
+    before = checkpoints.newest_data(config.init_from)  # read once: positions, eot_trained
+    positions = phases_lib.positions_in(before) or 0
   eot_trained = has_trained_eot(config, before)
   started_from = (checkpoints.newest_step(config.init_from)
                   if config.get('init_from') and not resuming else None)

@@ -134,5 +134,11 @@ def trained_positions(workdir: str) -> int | None:
   """The positions the newest checkpoint in `workdir` has trained: the longest sequence of the
   phases it went through, or of the run it started from. None where the checkpoint does not say
   (written before phases existed, or by a model without positions): nothing is checked then."""
-  positions = (checkpoints.newest_data(workdir) or {}).get('positions')
+  return positions_in(checkpoints.newest_data(workdir))
+
+
+def positions_in(data: dict | None) -> int | None:
+  """The trained positions a checkpoint's data item says (checkpoints.newest_data's); None
+  where it says nothing."""
+  positions = (data or {}).get('positions')
   return None if positions is None else int(positions)

@@ -57,15 +57,22 @@ def requested(run: Any) -> dict[str, Any]:
 _ABSENT = '(absent)'
 
 
-def changes(run: Any) -> list[tuple[str, Any, Any]]:
-  """(field, value in the run's config.json, value the sweep asks) where they differ; none for
-  a run that has not started. A sweep file, a stage's config file or a base override changed
-  since the run ran would otherwise count its old results as the new sweep's."""
+def _saved_config(run: Any) -> dict | None:
   path = os.path.join(run.workdir, 'config.json')
   if not os.path.exists(path):
-    return []
+    return None
   with open(path, encoding='utf-8') as f:
-    saved = json.load(f)
+    return json.load(f)
+
+
+def changes(run: Any, saved: dict | None = None) -> list[tuple[str, Any, Any]]:
+  """(field, value in the run's config.json (`saved`, else read), value the sweep asks) where
+  they differ; none for a run that has not started. A sweep file, a stage's config file or a
+  base override changed since the run ran would otherwise count its old results as the new
+  sweep's."""
+  saved = saved or _saved_config(run)
+  if saved is None:
+    return []
   found = []
   for field, value in requested(run).items():
     node = saved
@@ -116,12 +123,11 @@ def finished(run: Any) -> bool:
   """Its results line is at train.num_steps, it ran with the settings the sweep asks, and
   it started from the state its init_from run has its results at."""
   _, results = read_metrics(run.workdir)
-  config_path = os.path.join(run.workdir, 'config.json')
-  if results is None or not os.path.exists(config_path):
+  saved = _saved_config(run)
+  if results is None or saved is None:
     return False
-  with open(config_path, encoding='utf-8') as f:
-    if results['step'] != json.load(f)['train']['num_steps'] or changes(run):
-      return False
+  if results['step'] != saved['train']['num_steps'] or changes(run, saved):
+    return False
   step = started_from(run)
   upstream = read_metrics(run.init_from)[1] if step is not None else None
   return upstream is None or upstream['step'] == step
