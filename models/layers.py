@@ -545,7 +545,9 @@ class MultiHeadAttention(nn.Module):
   def _attend_with_dropout(self, q_BLHK, k_BSHK, v_BSHK, mask_B11S):
     # The fused kernel has no dropout on the attention probabilities, which
     # BERT and GPT train with (attention_probs_dropout_prob = 0.1).
-    logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q_BLHK, k_BSHK).astype(jnp.float32)
+    # Scores in float32 from bfloat16 q and k (as jax.nn.dot_product_attention and the kernels).
+    logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q_BLHK, k_BSHK,
+                             preferred_element_type=jnp.float32)
     logits_BHLS = logits_BHLS / jnp.sqrt(q_BLHK.shape[-1]).astype(jnp.float32)
     logits_BHLS = jnp.where(mask_B11S, logits_BHLS, NEG_INF)
     probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
