@@ -40,8 +40,8 @@ def model_config(v: dict) -> ml_collections.ConfigDict:
   model.max_position_embeddings = 512
   model.dropout_rate = 0.1  # residual, embedding and attention dropout (sec. 4.1)
   model.attention_dropout_rate = 0.1
-  # OpenAI's code drops the embedding tables' elements, one mask per row a step ('tokens': per
-  # looked-up token, as HF's openai-gpt).
+  # OpenAI's code drops the embedding tables' elements, one mask per row a step, the tied
+  # output layer's too ('tokens': per looked-up token, as HF's openai-gpt).
   model.embedding_dropout = 'table'
   model.initializer_range = 0.02  # N(0, 0.02)
   model.layer_norm_eps = 1e-5

@@ -149,20 +149,29 @@ class TableDropout(nn.Module):
   its table (`we = dropout(we, embd_pdrop, train)`, then the gather): on the looked-up rows
   x (..., D) of ids `rows`, with one mask per row of the table for the whole step, the same
   wherever (in the batch, at whichever position) the row is read. Only the rows read are
-  computed. Rngs 'dropout'."""
+  computed, unless `table` (num_rows, D) is given: then (x, the whole table under the same
+  mask), for a tied output layer, which OpenAI's code computes from the dropped table too.
+  Rngs 'dropout'."""
   rate: float
   rng_collection: str = 'dropout'
 
   @nn.compact
-  def __call__(self, x: Array, rows: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, rows: Array, deterministic: bool,
+               table: Array | None = None) -> Array | tuple[Array, Array]:
     if deterministic or self.rate == 0.0:
-      return x
+      return x if table is None else (x, table)
     dropped = threshold(self.rate)
-    if dropped >= _LEVELS:
-      return jnp.zeros_like(x)
     key = draw_keys(self.make_rng(self.rng_collection), ())
-    keep = keep_rows(key, rows.astype(jnp.uint32), x.shape[-1], dropped)
-    return jnp.where(keep, x * jnp.asarray(keep_scale(dropped), x.dtype), jnp.zeros((), x.dtype))
+
+    def drop(y: Array, ids: Array) -> Array:
+      if dropped >= _LEVELS:
+        return jnp.zeros_like(y)
+      keep = keep_rows(key, ids.astype(jnp.uint32), y.shape[-1], dropped)
+      return jnp.where(keep, y * jnp.asarray(keep_scale(dropped), y.dtype), jnp.zeros((), y.dtype))
+
+    if table is None:
+      return drop(x, rows)
+    return drop(x, rows), drop(table, jnp.arange(table.shape[0]))
 
 
 class Dropout(nn.Module):

@@ -109,8 +109,12 @@ class Model(nn.Module):
     tokens_NLD = token_embed(ids_NL)
     positions_NLD = layers.Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
                                 init, dtype, name='position_embed')(positions_NL)
+    output_VD = token_embed.output_table()
     if cfg.embedding_dropout == 'table':
-      tokens_NLD = TableDropout(cfg.dropout_rate)(tokens_NLD, ids_NL, deterministic)
+      # The tied output layer reads the dropped table, as OpenAI's code (`lm_logits =
+      # tf.matmul(lm_h, we, transpose_b=True)` with the `we` it dropped).
+      tokens_NLD, output_VD = TableDropout(cfg.dropout_rate)(
+          tokens_NLD, ids_NL, deterministic, table=output_VD)
       positions_NLD = TableDropout(cfg.dropout_rate)(positions_NLD, positions_NL, deterministic)
       x_NLD = tokens_NLD + positions_NLD
     else:
@@ -130,10 +134,10 @@ class Model(nn.Module):
     outputs = {
         'hidden_states': [unflat(h) for h in [x_NLD] + hidden],  # embeddings, then each layer
         'sequence_output': unflat(out_NLD),
-        'lm_logits': unflat(token_embed.attend(out_NLD)),  # W_e^T (sec. 3.1, eq. 2)
+        'lm_logits': unflat(token_embed.attend(out_NLD, output_VD)),  # W_e^T (sec. 3.1, eq. 2)
         # The same layer unapplied: the loss makes its logits in chunks (lm.output_layer_loss);
         # lm_logits is then never computed (XLA drops what nothing reads).
-        'lm_output': {'x': unflat(out_NLD), 'table': token_embed.output_table(), 'bias': None},
+        'lm_output': {'x': unflat(out_NLD), 'table': output_VD, 'bias': None},
     }
     if cfg.num_labels and not decode:
       outputs['logits'] = self._task_logits(unflat(out_NLD), batch, init, deterministic)

@@ -182,10 +182,11 @@ class Embed(nn.Module):
   def __call__(self, ids: Array) -> Array:
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
-  def attend(self, x_BPD: Array) -> Array:
-    """Scores against every row in float32 (tied output layer)."""
-    return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32),
-                      self.output_table().astype(jnp.float32))
+  def attend(self, x_BPD: Array, table_VD: Array | None = None) -> Array:
+    """Scores against every row in float32 (tied output layer); `table_VD` for the rows of
+    output_table() changed (GPT's dropped table)."""
+    table_VD = self.output_table() if table_VD is None else table_VD
+    return jnp.einsum('...D,VD->...V', x_BPD.astype(jnp.float32), table_VD.astype(jnp.float32))
 
   def output_table(self) -> Array:
     """The table as the tied output layer reads it (attend, objectives.lm.output_layer_loss)."""

@@ -274,14 +274,24 @@ def test_embedding_dropout_drops_table_rows_as_openais_code():
     # Position rows of ones, token rows of twos: each part's mask shows in the sum's values.
     params['position_embed']['embedding'] = jnp.ones_like(params['position_embed']['embedding'])
     params['token_embed']['embedding'] = jnp.full_like(params['token_embed']['embedding'], 2.0)
-    x = np.asarray(gpt.Model(cfg).apply({'params': params}, batch, deterministic=False,
-                                        rngs={'dropout': jax.random.key(3)})['hidden_states'][0])
+    out = gpt.Model(cfg).apply({'params': params}, batch, deterministic=False,
+                               rngs={'dropout': jax.random.key(3)})
+    x = np.asarray(out['hidden_states'][0])
     token_kept, position_kept = np.isin(x, (4.0, 6.0)), np.isin(x, (2.0, 6.0))  # scale 2
+    # The tied output layer: OpenAI's logits read the dropped table, so the same masks.
+    output_kept = np.asarray(out['lm_output']['table']) == 4.0
+    assert np.all(np.isin(np.asarray(out['lm_output']['table']), (0.0, 4.0) if mode == 'table'
+                          else (2.0,)))
+    np.testing.assert_allclose(out['lm_logits'], jnp.einsum(
+        'NLD,VD->NLV', out['sequence_output'], out['lm_output']['table']), rtol=1e-5)
     same_token = [np.array_equal(token_kept[0, 0], token_kept[r, c])
                   for r, c in ((0, 2), (0, 4), (1, 1), (1, 3))]
     same_position = [np.array_equal(position_kept[0, c], position_kept[1, c]) for c in range(6)]
     if mode == 'table':
       assert all(same_token) and all(same_position)
+      assert all(np.array_equal(output_kept[i], token_kept[r, c])
+                 for i, (r, c) in ((7, (0, 0)), (8, (0, 1)), (9, (0, 3))))
+      assert 0.3 < output_kept.mean() < 0.7
       assert not np.array_equal(token_kept[0, 0], token_kept[0, 1])  # another token's row
       assert 0.3 < token_kept.mean() < 0.7
     else:
