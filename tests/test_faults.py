@@ -329,6 +329,26 @@ def test_a_state_that_is_not_finite_is_never_saved(data_dir, tmp_path, monkeypat
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2']
 
 
+@pytest.mark.slow  # fault injection (a failed write), as the rest of the suite's
+def test_a_run_whose_last_checkpoint_fails_to_write_has_no_results_line(data_dir, tmp_path,
+                                                                       monkeypatch):
+  """The results line marks a run done for sweeps and SLURM chains (runner.finished), which
+  then start the next stage from its last checkpoint: a failed last write leaves none."""
+  wait = checkpoints.wait
+
+  def failing_at_the_end(mngr):
+    if mngr.latest_step() == 6:
+      raise checkpoints.WriteError('A checkpoint could not be written (no space left)')
+    wait(mngr)
+
+  monkeypatch.setattr(checkpoints, 'wait', failing_at_the_end)
+  config = micro_config(data_dir, num_steps=6, checkpoint_every=2, eval_every=6)
+  with pytest.raises(checkpoints.WriteError, match='no space left'):
+    trainer.loop.train_and_evaluate(config, str(tmp_path))
+  lines = (tmp_path / 'metrics.jsonl').read_text(encoding='utf-8').splitlines()
+  assert lines and not any('results' in json.loads(line) for line in lines), lines
+
+
 @pytest.mark.slow
 def test_a_nan_batch_stops_the_run_with_the_last_good_checkpoint_intact(data_dir, tmp_path,
                                                                        monkeypatch):

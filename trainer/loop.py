@@ -384,6 +384,11 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       pause = time.time()
       if step % tc.checkpoint_every == 0 or step == end or phase_end:
         progress.save(step, state)
+      if step == tc.num_steps:
+        # The results line says the run is done (runner.finished; a later stage starts from
+        # its last checkpoint): written only once that checkpoint is.
+        with stop.deferred():
+          checkpoints.wait(run.mngr)
       if step % tc.eval_every == 0 or step == tc.num_steps:
         evaluation.evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
