@@ -184,12 +184,15 @@ def test_a_two_phase_run_resumes_exactly_across_its_boundary(data_dir, tmp_path,
   # The checkpoint at the boundary holds phase 1's position; the one after, phase 2's.
   assert checkpoints.newest_data(resumed)['phase'] == 1
   assert phases.trained_positions(resumed) == 64
-  # Phases that moved (here: one phase, more steps) stop the resume in one line.
+  # Phases that moved (here: one phase, more steps) stop the resume in one line, and the
+  # run's config.json still says how it ran.
+  recorded = (tmp_path / 'resumed' / 'config.json').read_text(encoding='utf-8')
   config.data.later_phases, config.train.num_steps = (), 8
   with pytest.raises(ValueError, match=r'checkpoint of step 6 is in phase 2 of its run, and '
                      r'this config puts step 6 in phase 1: keep data.later_phases') as e:
     trainer.loop.train_and_evaluate(config, resumed, devices=ONE)
   assert '\n' not in str(e.value)
+  assert (tmp_path / 'resumed' / 'config.json').read_text(encoding='utf-8') == recorded
 
 
 @pytest.mark.parametrize('nsp', [True, False])

@@ -43,8 +43,9 @@ def write_workdir_files(config, workdir: str, tokenizer, started_from: int | Non
   earlier state of its pretraining)."""
   if jax.process_index() != 0:
     return
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2))
+  # Replaced whole: a resume that cannot write it (a full disk) keeps the run's record readable.
+  tokenizer_lib.write_lines_atomically([config.to_json_best_effort(indent=2)],
+                                       os.path.join(workdir, 'config.json'))
   if started_from is not None:
     tokenizer_lib.write_lines_atomically(
         [json.dumps({'init_from': config.init_from, 'step': started_from})],
@@ -152,7 +153,6 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
   eot_trained = has_trained_eot(config, before)
   started_from = (checkpoints.newest_step(config.init_from)
                   if config.get('init_from') and not resuming else None)
-  write_workdir_files(config, workdir, tokenizer, started_from)
   run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
             phases_lib.of(config), positions, eot_trained)
   step = int(state.step) if resuming else 0
@@ -170,6 +170,9 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
   steps = (train_step, eval_step) if phase.index == 0 else None
   try:
     enter_phase(run, phase, data, steps)
+    # After the checks of a resume (the phases, the data shards, the eval split): a resume
+    # refused leaves the run's config.json as it was.
+    write_workdir_files(config, workdir, tokenizer, started_from)
     if not resuming:
       run.state = initial_state(config, mesh, tokenizer)
     compile_later_phases(run)
