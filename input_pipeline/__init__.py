@@ -20,7 +20,7 @@ any number of them.
 import importlib
 import math
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import ml_collections
 import numpy as np
@@ -106,31 +106,36 @@ class ShardedStream:
   A training run's data is `num_shards` independent, resumable streams: shard
   s is what host s read in the run's first job, with as many hosts as shards.
   Each global batch is every shard's next global_batch/num_shards examples,
-  shard after shard; a host takes its contiguous rows of it and reads only the
-  shards those rows come from. So a run resumed on another number of hosts
-  (or with another mesh) sees the same global batches in the same order.
+  shard after shard; a host takes its rows of it (`rows`: [start, stop) ranges
+  in the order its local batch lists them, sharding.process_rows; by default
+  the process's contiguous share) and reads only the shards those rows come
+  from. So a run resumed on another number of hosts (or with another mesh)
+  sees the same global batches in the same order.
   State: {shard: that shard's position} for the shards this host reads.
   """
 
   def __init__(self, make_shard: Any, *, num_shards: int, global_batch: int,
-               process_index: int, process_count: int, workers: int = 0):
+               process_index: int, process_count: int, workers: int = 0,
+               rows: Sequence[tuple[int, int]] | None = None):
     if global_batch % num_shards or global_batch % process_count:
       raise ValueError(f'train.batch_size={global_batch} must divide among the {num_shards} '
                        f'data shards this run started with and the {process_count} hosts: '
                        f'use a multiple of {math.lcm(num_shards, process_count)}.')
     per_shard, per_host = global_batch // num_shards, global_batch // process_count
-    first, last = process_index * per_host, (process_index + 1) * per_host
-    self._pieces = []  # (shard, its rows in this host's batch)
-    for shard in range(num_shards):
-      lo, hi = max(first, shard * per_shard), min(last, (shard + 1) * per_shard)
-      if lo < hi:
-        self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
+    if rows is None:
+      rows = [(process_index * per_host, (process_index + 1) * per_host)]
+    self._pieces = []  # (shard, its rows in this host's batch), in the local batch's order
+    for first, last in rows:
+      for shard in range(num_shards):
+        lo, hi = max(first, shard * per_shard), min(last, (shard + 1) * per_shard)
+        if lo < hi:
+          self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
     # The host's workers divide among the shards it reads.
-    shard_workers = max(1, workers // len(self._pieces)) if workers else 0
-    self._shards = {shard: make_shard(shard, per_shard, shard_workers)
-                    for shard, _ in self._pieces}
+    read = sorted({shard for shard, _ in self._pieces})
+    shard_workers = max(1, workers // len(read)) if workers else 0
+    self._shards = {shard: make_shard(shard, per_shard, shard_workers) for shard in read}
     # One shard's whole batch (the same hosts as shards): passed on without a copy.
-    self._whole = [rows for _, rows in self._pieces] == [slice(0, per_shard)]
+    self._whole = [piece for _, piece in self._pieces] == [slice(0, per_shard)]
 
   def get_state(self) -> dict[int, dict[str, int]]:
     return {shard: it.get_state() for shard, it in self._shards.items()}
@@ -148,17 +153,20 @@ class ShardedStream:
     return self
 
   def __next__(self) -> Batch:
-    parts = [(next(self._shards[shard]), rows) for shard, rows in self._pieces]
+    batches = {shard: next(it) for shard, it in self._shards.items()}  # each shard's once
     if self._whole:
-      return parts[0][0]
-    return {k: np.concatenate([batch[k][rows] for batch, rows in parts]) for k in parts[0][0]}
+      return batches[self._pieces[0][0]]
+    return {k: np.concatenate([batches[shard][k][rows] for shard, rows in self._pieces])
+            for k in batches[self._pieces[0][0]]}
 
 
 def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
                      global_batch: int, seed: int, num_shards: int, process_index: int = 0,
-                     process_count: int = 1, workers: int = 0) -> ShardedStream:
-  """Endless training batches of this host's rows, from `num_shards` data shards (ShardedStream),
-  made by `workers` processes of this host; get_state/set_state carry every shard it reads."""
+                     process_count: int = 1, workers: int = 0,
+                     rows: Sequence[tuple[int, int]] | None = None) -> ShardedStream:
+  """Endless training batches of this host's rows (ShardedStream's `rows`), from `num_shards`
+  data shards, made by `workers` processes of this host; get_state/set_state carry every shard
+  it reads."""
   module = _pipeline(data_cfg)
 
   def make_shard(shard: int, batch_size: int, shard_workers: int) -> Any:
@@ -168,7 +176,7 @@ def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
 
   return ShardedStream(make_shard, num_shards=num_shards, global_batch=global_batch,
                        process_index=process_index, process_count=process_count,
-                       workers=workers)
+                       workers=workers, rows=rows)
 
 
 def get_dataset(data_cfg: ml_collections.ConfigDict, split: str, *,

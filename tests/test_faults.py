@@ -21,12 +21,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import aot
 import end_to_end
 import input_pipeline
 from test_train import micro_config
 from trainer import checkpoints
 from trainer import metric_writer
 from trainer import restore_log
+from trainer import sharding
 import trainer.loop
 import trainer.state
 import trainer.steps
@@ -447,6 +449,46 @@ def test_data_shards_give_the_same_global_batches_on_any_number_of_hosts():
   with pytest.raises(ValueError, match='use a multiple of 6'):
     input_pipeline.ShardedStream(Counting, num_shards=2, global_batch=8, process_index=0,
                                  process_count=3)
+
+
+def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
+  """On a TPU slice the mesh follows the chips' layout, so a host's batch shards need not be
+  side by side (v4 2x2x2, data=8: host 0 holds 0, 2, 4, 6). Each host's local batch is placed
+  on its devices by ascending row (make_array_from_process_local_data); the global batch must
+  still be the data shards' rows in order, as one host reads them."""
+  for name, value in aot.QUIET_LIBTPU.items():
+    monkeypatch.setenv(name, value)
+  _, tpus = aot.topology_devices('v4:2x2x2')
+  mesh_cfg = (('data', 8), ('fsdp', 1), ('tensor', 1))
+  mesh = sharding.make_mesh(mesh_cfg, tpus)
+  held = sharding.batch_shards_by_process(mesh)
+  assert held[0] != {0, 1, 2, 3}, held  # interleaved: what this test is about
+  sharding.check_processes_split_the_batch(held, mesh_cfg)
+
+  class Numbered:
+    """Data shard s: example i of it is 1000 * s + i."""
+
+    def __init__(self, shard, batch_size, workers):
+      del workers
+      self.shard, self.batch_size, self.position = shard, batch_size, 0
+
+    def __next__(self):
+      rows = 1000 * self.shard + self.position + np.arange(self.batch_size)
+      self.position += self.batch_size
+      return {'x': rows}
+
+  B, per_shard = 16, 2
+  one_host = next(input_pipeline.ShardedStream(Numbered, num_shards=2, global_batch=B,
+                                               process_index=0, process_count=1))['x']
+  local = {p: next(input_pipeline.ShardedStream(
+      Numbered, num_shards=2, global_batch=B, process_index=p, process_count=2,
+      rows=sharding.process_rows(mesh, B, p)))['x'] for p in held}
+  placed = np.zeros(B, np.int64)
+  for shard in range(8):  # a shard's rows: its place among its host's shards, by row
+    host = next(p for p, shards in held.items() if shard in shards)
+    at = sorted(held[host]).index(shard) * per_shard
+    placed[shard * per_shard:(shard + 1) * per_shard] = local[host][at:at + per_shard]
+  np.testing.assert_array_equal(placed, one_host)
 
 
 # ----------------------------------------------------------------------------

@@ -223,7 +223,8 @@ def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None =
   run.train_iter = input_pipeline.get_train_stream(
       config.data, tokenizer=run.tokenizer, global_batch=config.train.batch_size,
       seed=phases_lib.data_seed(config.seed, phase.index), num_shards=run.data_shards,
-      process_index=jax.process_index(), process_count=jax.process_count(), workers=workers)
+      process_index=jax.process_index(), process_count=jax.process_count(), workers=workers,
+      rows=sharding.process_rows(run.mesh, config.train.batch_size, jax.process_index()))
   if data:
     run.train_iter.set_state(dict(enumerate(data['shards'])))
   run.eval_data, run.eval_start = evaluation.eval_batches(config, run.tokenizer)

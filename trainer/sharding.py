@@ -124,9 +124,25 @@ def batch_shards_by_process(mesh) -> dict[int, set[int]]:
   return held
 
 
+def process_rows(mesh, batch_size: int, process_index: int) -> list[tuple[int, int]]:
+  """The rows [start, stop) of a global batch that process `process_index` feeds, in the order
+  global_batch reads its local batch (make_array_from_process_local_data: its devices' batch
+  shards by ascending row). A host's shards are side by side on GPUs; a TPU slice's mesh follows
+  the chips' layout, where a host's can be every other one (v4 2x2x2, mesh data=8: 0, 2, 4, 6)."""
+  per_shard = batch_size // data_parallel_size(mesh)
+  rows = []
+  for shard in sorted(batch_shards_by_process(mesh).get(process_index, ())):
+    start = shard * per_shard
+    if rows and rows[-1][1] == start:
+      rows[-1] = (rows[-1][0], start + per_shard)
+    else:
+      rows.append((start, start + per_shard))
+  return rows
+
+
 def check_processes_split_the_batch(held: dict[int, set[int]], mesh_cfg) -> None:
-  """Each process holds shards of the batch of its own, as many as every other: global_batch
-  puts the processes' local batches side by side so. An axis that spans the hosts but splits
+  """Each process holds shards of the batch of its own, as many as every other (its local
+  batch is the rows process_rows names). An axis that spans the hosts but splits
   no batch, first in config.mesh, gave every host every shard, and the global batch was one
   host's worth with other rows on each host, silently."""
   if len(held) < 2:
