@@ -303,6 +303,17 @@ def test_a_fine_tuning_of_a_pretraining_since_extended_is_not_the_sweeps_result(
   assert [r['runs'] for r in sweep.summarize(workdir)] == ['0/1']
 
 
+def test_a_metrics_line_cut_by_a_kill_is_not_a_result_and_a_bad_one_is_named(tmp_path):
+  # The run's resume drops a cut last line (metric_writer); until then the sweep reads past it.
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 2, "loss": 7.5}\n{"step": 4, "results": {"lo', encoding='utf-8')
+  lines, results = runner.read_metrics(str(tmp_path))
+  assert [m['step'] for m in lines] == [2] and results is None
+  path.write_text('{"step": 2, "lo\n{"step": 4, "loss": 7.5}\n', encoding='utf-8')
+  with pytest.raises(ValueError, match=r'metrics.jsonl: line 1 is not JSON .*move the run '):
+    runner.read_metrics(str(tmp_path))
+
+
 def test_a_sweep_is_found_from_any_directory_by_any_spelling_of_its_workdir(tmp_path,
                                                                            monkeypatch):
   monkeypatch.chdir(tmp_path)

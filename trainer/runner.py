@@ -33,10 +33,16 @@ def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
     return [], None
   by_key, results = {}, None
   with open(path, encoding='utf-8') as f:
-    for line in f:
+    for number, line in enumerate(f, 1):
       if not line.strip():
         continue
-      record = json.loads(line)
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        if not line.endswith('\n'):  # a last line cut by a kill: the run's resume drops it
+          continue
+        raise ValueError(f'{path}: line {number} is not JSON ({e}): move the run directory '
+                         'aside to run it again.') from None
       if 'results' in record:
         results = dict(record['results'], step=record['step'])
         continue
