@@ -222,6 +222,13 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
       'state, so it cannot resume it: pass a new --workdir for this run, or set '
       '--config.optimizer.clip_norm to a positive one to resume that run.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
+  config = bert_config('tiny')
+  config.seed = 1
+  with pytest.raises(ValueError, match=re.escape(
+      'holds a checkpoint of a run with seed=0 and this config has 1, which draws other data and '
+      'dropout from here on: pass a new --workdir for this run, or set --config.seed=0 to resume '
+      'that run.')):
+    checks.check_run_directories(config, str(tmp_path / 'bert'))
   # What may change on resuming (rates, dtype, the number of steps, the clipping threshold) is
   # no other run.
   config = bert_config('tiny')

@@ -201,6 +201,12 @@ def check_workdir(config, workdir: str) -> None:
                        f'{saved[part][field]} and this config has {ours}, so it cannot resume '
                        f'it: {new_workdir}, or set --config.{part}.{field}='
                        f'{saved[part][field]} to resume that run.')
+  # The seed draws the data's order and the dropout masks: another one resumes no run exactly.
+  if 'seed' in saved and config.get('seed') is not None and config.seed != saved['seed']:
+    raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with seed={saved["seed"]} '
+                     f'and this config has {config.seed}, which draws other data and dropout '
+                     f'from here on: {new_workdir}, or set --config.seed={saved["seed"]} to '
+                     'resume that run.')
   # Clipping on or off is another optimizer state (optax.chain's); its threshold may change.
   theirs, ours = saved.get('optimizer', {}).get('clip_norm'), config.optimizer.get('clip_norm')
   if theirs is not None and ours is not None and bool(theirs) != bool(ours):
