@@ -189,6 +189,11 @@ def test_bytes_changed_on_disk_that_still_decode_are_found_by_the_checksums(tmp_
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype,
                                                          sharding=device),
                           {'step': 4, 'params': params})
+  # A run started from it (config.init_from) refuses it too, naming what resuming does.
+  target = jax.tree.map(lambda x: jax.device_put(jnp.asarray(x), device), params)
+  with pytest.raises(ValueError, match=r'Checkpoint step 4 of .* cannot be started from '
+                     r'\(params/w does not match the checksum saved with it\): resume that run'):
+    checkpoints.restore_params(str(tmp_path / 'run'), target)
   capfd.readouterr()
   state, data = checkpoints.restore(checkpoints.manager(str(tmp_path / 'run'), 3), abstract,
                                     str(tmp_path / 'run'))

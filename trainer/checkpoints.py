@@ -241,9 +241,10 @@ class _Unreadable(Exception):
   """A checkpoint's read failed (its error is in the restore log)."""
 
 
-def newest_data(workdir: str) -> dict[str, Any] | None:
+def newest_data(workdir: str, step: int | None = None) -> dict[str, Any] | None:
   """The data item of the workdir's newest readable checkpoint (data shards' positions, phase,
-  trained positions, eot_trained); None without a checkpoint. Creates nothing."""
+  trained positions, eot_trained, checksums), or of checkpoint `step`; None without one that
+  reads. Creates nothing."""
   if not exist(workdir):
     return None
   verbosity = logging.get_verbosity()
@@ -253,9 +254,10 @@ def newest_data(workdir: str) -> dict[str, Any] | None:
                                  options=ocp.CheckpointManagerOptions(read_only=True))
   finally:
     logging.set_verbosity(verbosity)
-  for step in sorted(mngr.all_steps(), reverse=True):
+  for candidate in sorted(mngr.all_steps(), reverse=True) if step is None else [step]:
     try:
-      return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
+      return mngr.restore(candidate,
+                          args=ocp.args.Composite(data=ocp.args.JsonRestore()))['data']
     except Exception:  # pylint: disable=broad-except (restore() reports unreadable steps)
       continue
   return None
@@ -365,6 +367,16 @@ def restore_params(workdir: str, target_params: Any, fresh: tuple[str, ...] = ()
   restored = ocp.PyTreeCheckpointer().restore(item, args=ocp.args.PyTreeRestore(
       item={'params': partial}, restore_args=ocp.checkpoint_utils.construct_restore_args(
           {'params': partial}), partial_restore=True))['params']
+  # Checked as a resume checks its state (which would set this checkpoint aside).
+  bad = non_finite({'params': restored})
+  changed = _changed({'params': restored},
+                     (newest_data(workdir, newest) or {}).get('checksums') or {})
+  if bad or changed:
+    why = (f'{bad[0]} is not finite' if bad else
+           f'{changed[0]} does not match the checksum saved with it')
+    raise ValueError(f'Checkpoint step {newest} of {workdir} cannot be started from ({why}): '
+                     f'resume that run (train.py with its --workdir sets the checkpoint aside '
+                     'and goes on from an older one), or point config.init_from at another run.')
   loaded = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
   leaves = [loaded.get(name, array) for name, (_, array) in zip(names, target)]
   new = [name for name in names if name not in saved_shapes]
