@@ -16,7 +16,9 @@ Span metrics per task follow conlleval on BIO ids (objectives/tagging.py):
 `to_bio[t]` maps each label id of the task's encoding (BIOES: S-X -> B-X,
 E-X -> I-X) to its BIO id and `span_tags[t]` lists (B-X, I-X) per type, ()
 for accuracy-only tasks such as part of speech. Metrics are (sum, count)
-pairs; 'loss' is the mean per batch of either kind.
+pairs; 'loss' is the mean per batch of either kind; a task's `{task}_loss` is its
+cross-entropy without smoothing (cvt_text evaluates with smoothing 0), its
+smoothed one the objective's `supervised_loss`.
 """
 
 from typing import Mapping, Sequence
@@ -78,19 +80,21 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
   labels_BL = batch['labels']
   weights_BL = (batch['label_weights'].astype(jnp.float32) *
                 batch['example_weights'].astype(jnp.float32)[:, None])
-  total_nll, total_count, metrics = 0.0, 0.0, {}
+  total_ce, total_count, metrics = 0.0, 0.0, {}
   for t, (name, logits_BLN) in enumerate(zip(tasks, outputs['primary_logits'])):
     task_weights_BL = weights_BL * (batch['task_ids'] == t)[:, None]
     counted_BL = task_weights_BL != 0
     # Labels of other tasks may be out of this task's range: clipped, then not counted.
     task_labels_BL = jnp.clip(labels_BL, 0, logits_BLN.shape[-1] - 1)
     one_hot_BLN = jax.nn.one_hot(task_labels_BL, logits_BLN.shape[-1])
-    nll_BL = smoothed_cross_entropy(logits_BLN, one_hot_BLN, eps)
-    nll = jnp.where(counted_BL, nll_BL * task_weights_BL, 0.0).sum()
+    ce_BL = smoothed_cross_entropy(logits_BLN, one_hot_BLN, eps)
+    ce = jnp.where(counted_BL, ce_BL * task_weights_BL, 0.0).sum()
+    plain_BL = smoothed_cross_entropy(logits_BLN, one_hot_BLN, 0.0) if eps else ce_BL
+    nll = jnp.where(counted_BL, plain_BL * task_weights_BL, 0.0).sum()
     count = task_weights_BL.sum()
     predicted_BL = logits_BLN.argmax(-1)
     correct = jnp.where(counted_BL, (predicted_BL == task_labels_BL) * task_weights_BL, 0.0).sum()
-    metrics[f'{name}_loss'] = lm.pair(nll, count)
+    metrics[f'{name}_loss'] = lm.pair(nll, count)  # unsmoothed, as cvt_text evaluates
     metrics[f'{name}_accuracy'] = lm.pair(correct, count)
     if span_tags and span_tags[t]:
       bio = jnp.asarray(to_bio[t] if to_bio and to_bio[t] else np.arange(logits_BLN.shape[-1]))
@@ -99,9 +103,9 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
       rows = (batch['example_weights'] * (batch['task_ids'] == t)).sum()
       for key, value in zip(_SPAN_COUNTS, (gold, predicted, hit)):
         metrics[f'{name}_{key}'] = lm.pair(value, rows)
-    total_nll, total_count = total_nll + nll, total_count + count
-  loss = total_nll / jnp.maximum(total_count, 1e-6)
-  metrics['supervised_loss'] = lm.pair(total_nll, total_count)
+    total_ce, total_count = total_ce + ce, total_count + count
+  loss = total_ce / jnp.maximum(total_count, 1e-6)
+  metrics['supervised_loss'] = lm.pair(total_ce, total_count)
   metrics['loss'] = lm.pair(loss, 1.0)
   return loss, metrics
 

@@ -66,8 +66,13 @@ def test_label_smoothing_by_hand_and_rows_of_other_tasks_count_nothing():
   logp = jax.nn.log_softmax(logits[0, 0])
   eps = 0.1
   expected = -((1 - eps) * logp[1] + eps / 3 * logp.sum())
-  loss, _ = consistency.loss_fn({'primary_logits': (logits,)}, batch, label_smoothing=eps)
+  loss, metrics = consistency.loss_fn({'primary_logits': (logits,)}, batch, label_smoothing=eps)
   assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+  # The task's reported loss is its plain NLL (cvt_text evaluates with smoothing 0); the
+  # smoothed one is the objective's.
+  summary = consistency.summarize(jax.device_get(metrics))
+  assert summary['task_loss'] == pytest.approx(-float(logp[1]), rel=1e-6)
+  assert summary['supervised_loss'] == pytest.approx(float(expected), rel=1e-6)
   # Two tasks: rows of task 1 add nothing to task 0's loss or counts, and vice versa.
   logits0, batch = _labeled([[1, 2], [0, 0]], [[1, 2], [1, 1]], task_ids=[0, 1])
   logits1 = jnp.zeros((2, 2, 3))
