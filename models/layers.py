@@ -120,14 +120,15 @@ class Einsum(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array | None, weights: bool = False) -> Array | tuple[Array, Array]:
-    """The projection of x; with `weights`, (kernel, bias) instead (x unused), for a caller
-    that fuses projections into one matmul (MultiHeadAttention's q, k and v)."""
+    """The projection of x; with `weights`, (kernel, bias) instead (x unused; bias None
+    without one), for a caller that fuses projections into one matmul (MultiHeadAttention's
+    q, k and v)."""
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(self.kernel_init, self.axes),
         tuple(self.shape), jnp.float32)
     if not self.use_bias:
       if weights:
-        raise ValueError('weights=True returns (kernel, bias): this Einsum has no bias')
+        return kernel, None
       return _einsum_as_matmul(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     kernel_letters = self.equation.split(',')[1].split('->')[0]
     out_letters = self.equation.split('->')[1]
@@ -465,6 +466,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = jnp.float32
   decode: bool = False
   kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
+  use_bias: bool = True  # the projections' biases: BERT's, GPT's; tensor2tensor's have none
 
   @nn.compact
   def __call__(self, x_BLD: Array, kv_BSD: Array, mask_B11S: Array, *,
@@ -475,10 +477,11 @@ class MultiHeadAttention(nn.Module):
     gpu_call = isinstance(mask_B11S, SegmentMask) and mask_B11S.kernel in ('cudnn', 'triton')
     proj = lambda name: Einsum(  # noqa: E731
         'BLD,DHK->BLHK', (D, H, K), ('embed', 'heads', 'kv'),
-        kernel_init=as_matrix(init, 1), dtype=self.dtype, name=name, bias_in_matmul=gpu_call)
+        kernel_init=as_matrix(init, 1), dtype=self.dtype, name=name, bias_in_matmul=gpu_call,
+        use_bias=self.use_bias)
     out = lambda: Einsum(  # noqa: E731
         'BLHK,HKD->BLD', (H, K, D), ('heads', 'kv', 'embed'), kernel_init=as_matrix(init, 2),
-        dtype=self.dtype, name='out')
+        dtype=self.dtype, name='out', use_bias=self.use_bias)
     if (gpu_call and mask_B11S.kernel == 'triton' and kv_BSD is x_BLD and not self.decode
         and flash_dropout.reads_in_place(x_BLD.shape[1], K)):
       return out()(self._fused_self_attention(proj, x_BLD, mask_B11S, deterministic))
@@ -510,9 +513,13 @@ class MultiHeadAttention(nn.Module):
     gradients. Lengths the kernels do not take that way keep three projections."""
     weights = [proj(name)(None, weights=True) for name in ('query', 'key', 'value')]
     kernel_D3HK = jnp.stack([kernel for kernel, _ in weights], axis=1)
-    bias_3HK = jnp.stack([bias for _, bias in weights])
-    qkv_BL3HK = _biased_matmul('BLD,DTHK->BLTHK', x_BLD.astype(self.dtype), kernel_D3HK,
-                               bias_3HK, self.dtype)
+    if self.use_bias:
+      bias_3HK = jnp.stack([bias for _, bias in weights])
+      qkv_BL3HK = _biased_matmul('BLD,DTHK->BLTHK', x_BLD.astype(self.dtype), kernel_D3HK,
+                                 bias_3HK, self.dtype)
+    else:
+      qkv_BL3HK = _einsum_as_matmul('BLD,DTHK->BLTHK', x_BLD.astype(self.dtype),
+                                    kernel_D3HK.astype(self.dtype))
     qkv_BL3HK = nn.with_logical_constraint(qkv_BL3HK,
                                            ('batch', 'length', None, 'act_heads', 'kv'))
     rate, keys_BH = self._kernel_dropout(x_BLD.shape[0], deterministic)
@@ -628,6 +635,7 @@ class PostLNBlock(nn.Module):
   decode: bool = False
   kernel_init: Initializer | None = None  # default: truncated_normal(init_stddev)
   activation: Callable[[Array], Array] | None = None  # default: GELU
+  attention_bias: bool = True  # MultiHeadAttention's use_bias
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask_B11S: Array, deterministic: bool) -> Array:
@@ -635,7 +643,7 @@ class PostLNBlock(nn.Module):
     y_BLD = MultiHeadAttention(
         self.num_heads, D // self.num_heads, self.attention_dropout_rate,
         self.init_stddev, self.dtype, decode=self.decode, kernel_init=self.kernel_init,
-        name='attention')(x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
+        use_bias=self.attention_bias, name='attention')(x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
     y_BLD = Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'attention_ln')(x_BLD + y_BLD)
     y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, self.approximate_gelu,

@@ -90,7 +90,7 @@ class DecoderBlock(nn.Module):
     D = y_BLD.shape[-1]
     attention = functools.partial(
         layers.MultiHeadAttention, self.num_heads, D // self.num_heads,
-        self.attention_dropout_rate, dtype=self.dtype, kernel_init=_xavier())
+        self.attention_dropout_rate, dtype=self.dtype, kernel_init=_xavier(), use_bias=False)
     drop = lambda x: Dropout(self.dropout_rate)(x, deterministic=deterministic)  # noqa: E731
     norm = lambda name: layers.layer_norm(self.layer_norm_eps, self.dtype, name)  # noqa: E731
     out_BLD = attention(decode=self.decode, name='self_attention')(
@@ -127,7 +127,7 @@ class Model(nn.Module):
         layers.PostLNBlock, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
         dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
         layer_norm_eps=cfg.layer_norm_eps, dtype=dtype, kernel_init=_xavier(),
-        activation=nn.relu)
+        activation=nn.relu, attention_bias=False)
     self.decoder_block = functools.partial(
         DecoderBlock, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
         dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,

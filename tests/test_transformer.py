@@ -41,7 +41,8 @@ def test_base_and_big_parameter_counts():
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), _batch()))
     return layers.count_params(nn.meta.unbox(shapes['params']))
   D, F, N, V_ = 512, 2048, 6, 37000
-  attention, mlp, ln = 4 * (D * D + D), D * F + F + F * D + D, 2 * D
+  # The attention's projections have no biases (tensor2tensor's, the paper's W^Q, W^K, W^V, W^O).
+  attention, mlp, ln = 4 * D * D, D * F + F + F * D + D, 2 * D
   expected_base = V_ * D + N * (attention + mlp + 2 * ln) + N * (2 * attention + mlp + 3 * ln)
   assert count() == expected_base
   base, big = count(), count(hidden_size=1024, num_heads=16, mlp_dim=4096)
