@@ -89,7 +89,11 @@ class Model(nn.Module):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     token_ids_BL, lengths_B = batch['token_ids'], batch['lengths']
-    mask_BL = elmo.length_mask(lengths_B, token_ids_BL.shape[1])
+    L = token_ids_BL.shape[1]
+    # The words, between <S> and </S>: the biLM reads the boundaries, the task model and the
+    # mix's layer norm do not (bilm-tf's layers_without_bos_eos and mask_wo_bos_eos).
+    t_1L = jnp.arange(L)[None]
+    mask_BL = (t_1L >= 1) & (t_1L < lengths_B[:, None] - 1)
     if 'example_weights' in batch:
       # Eval's padding rows repeat a real sentence: the mix's layer norm must not count them.
       mask_BL = mask_BL & (batch['example_weights'] > 0)[:, None]
@@ -117,20 +121,24 @@ class Model(nn.Module):
         mix_l2 = mix_l2 + l2
       x_BLX = jnp.concatenate([x_BLX, elmo_BLX['input_mix']], axis=-1)
 
-    h_BLX = x_BLX
+    # The task biLSTM over the words alone (positions 1.. of the row, lengths - 2 of them), so
+    # each direction starts from a zero state at a word, not at <S>'s or </S>'s input.
+    h_BLX, word_lengths_B = x_BLX[:, 1:], jnp.maximum(lengths_B - 2, 0)
     for i in range(cfg.task_num_layers):
       if i:
         h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
       h_BLX = jnp.concatenate([
           lstm.LSTM(cfg.task_lstm_dim, projection=0, reverse=reverse, dtype=dtype,
-                    name=f'task_{direction}_{i}')(h_BLX, lengths_B)
+                    name=f'task_{direction}_{i}')(h_BLX, word_lengths_B)
           for direction, reverse in (('forward', False), ('backward', True))], axis=-1)
     h_BLX = Dropout(cfg.task_dropout_rate)(h_BLX, deterministic=deterministic)
     if cfg.use_elmo and cfg.elmo_at_output:
-      h_BLX = jnp.concatenate([h_BLX, elmo_BLX['output_mix']], axis=-1)
+      h_BLX = jnp.concatenate([h_BLX, elmo_BLX['output_mix'][:, 1:]], axis=-1)
 
     logits_BLN = layers.Einsum('BLX,XN->BLN', (h_BLX.shape[-1], cfg.num_labels), ('embed', None),
                                dtype=dtype, name='classifier')(h_BLX)
+    # Back at the batch's positions (<S>'s row of zeros; its label weight is 0).
+    logits_BLN = jnp.pad(logits_BLN, ((0, 0), (1, 0), (0, 0)))
     return {'logits': logits_BLN.astype(jnp.float32), 'mix_l2': mix_l2}
 
 

@@ -148,3 +148,21 @@ def test_eval_padding_rows_do_not_change_the_layer_norm_mix():
   alone = apply(variables, batch)['logits']
   with_padding = apply(variables, padded)['logits'][:B]
   np.testing.assert_allclose(with_padding, alone, atol=1e-5)
+
+
+def test_the_task_model_reads_the_words_alone():
+  """bilm-tf hands the task model the words without <S> and </S>: what stands at the
+  boundaries changes no word's logits (each direction starts from zeros at a word)."""
+  model = elmo_tagger.Model(_config(use_elmo=False))
+  batch = _batch()
+  variables = jax.jit(model.init)(jax.random.key(0), batch)
+  apply = jax.jit(model.apply)
+  logits = apply(variables, batch)['logits']
+  ends = LENGTHS - 1
+  changed = dict(batch, token_ids=batch['token_ids'].at[:, 0].set(39).at[
+      jnp.arange(B), ends].set(38))
+  np.testing.assert_array_equal(apply(variables, changed)['logits'][0, 1:ends[0]],
+                                logits[0, 1:ends[0]])
+  np.testing.assert_array_equal(apply(variables, changed)['logits'][1, 1:ends[1]],
+                                logits[1, 1:ends[1]])
+  assert logits.shape == (B, L, TINY['num_labels'])
