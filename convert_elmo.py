@@ -37,8 +37,7 @@ graph; AllenNLP's ElmoBiLm computes the same):
   transform, `W_transform` the transform; our (N, 2, N) kernel holds them
   in that order (gate, transform).
 - The char CNN's projection: bilm-tf has none (no `CNN_proj`) when the
-  filters sum to the projection dim; ours always projects, here by the
-  identity and a zero bias, which computes the same numbers.
+  filters sum to the projection dim, and ours none either.
 - Padding: bilm-tf's token layer at padding positions is the char CNN of
   all-zero ids; ours is zeros there, as AllenNLP's ElmoBiLm output.
 - State: bilm-tf's and AllenNLP's LSTMs carry their states from one batch
@@ -180,7 +179,7 @@ def to_params(tensors: dict[str, np.ndarray], m: dict, source: str) -> dict[str,
     raise ValueError(f'{source} has tensor(s) that bilm-tf\'s layout for its options.json has no '
                      f'place for: {", ".join(left_over[:5])}: convert a weights.hdf5 of '
                      "bilm-tf's dump_weights with the options.json written beside it.")
-  D, S, N = m['projection_dim'], m['lstm_dim'], sum(n for _, n in m['filters'])
+  D, S = m['projection_dim'], m['lstm_dim']
   f32 = lambda name: tensors[name].astype(np.float32)  # noqa: E731
   params = {}
   for path, parts in table.items():
@@ -202,9 +201,6 @@ def to_params(tensors: dict[str, np.ndarray], m: dict, source: str) -> dict[str,
     else:
       x = f32(names[0])
     params[path] = x
-  if N == D:  # bilm-tf's char CNN without a projection: ours projects by the identity
-    params['char_cnn/projection_kernel'] = np.eye(N, dtype=np.float32)
-    params['char_cnn/projection_bias'] = np.zeros(N, np.float32)
   return {f'bilm/{k}': np.ascontiguousarray(v) for k, v in params.items()}
 
 

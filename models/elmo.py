@@ -95,8 +95,12 @@ class BiLM(nn.Module):
   def setup(self):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
+    # bilm-tf projects the filters' outputs only when they are not already projection_dim wide
+    # (use_proj = n_filters != projection_dim).
+    filters = sum(count for _, count in cfg.filters)
     self.char_cnn = CharCNN(NUM_CHARS, cfg.char_dim, cfg.filters, cfg.num_highway,
-                            cfg.projection_dim, cfg.char_activation, dtype)
+                            0 if filters == cfg.projection_dim else cfg.projection_dim,
+                            cfg.char_activation, dtype)
     # bilm-tf projects only when the cells are wider than the output.
     projection = 0 if cfg.lstm_dim == cfg.projection_dim else cfg.projection_dim
     lstm = functools.partial(LSTM, cfg.lstm_dim, projection, cfg.cell_clip, cfg.proj_clip,

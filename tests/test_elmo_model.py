@@ -150,6 +150,18 @@ def test_full_size_parameter_count():
   assert layers.count_params(shapes['softmax']) == V * D + V
 
 
+def test_the_token_layer_is_projected_only_to_another_width():
+  # bilm-tf: use_proj = n_filters != projection_dim (configs/elmo.py:tiny's 128 filters are
+  # its 128-wide token layer as they come out of the highways).
+  def char_cnn_params(**kw):
+    config = dataclasses.replace(TINY, **kw)
+    shapes = jax.eval_shape(elmo.BiLM(config).init, jax.random.PRNGKey(0), _char_ids(),
+                            jnp.asarray(LENGTHS))
+    return set(nn.meta.unbox(shapes['params'])['char_cnn'])
+  assert 'projection_kernel' in char_cnn_params()  # 16 filters to 8
+  assert 'projection_kernel' not in char_cnn_params(projection_dim=16)
+
+
 def test_config_normalizes_and_checks_its_fields():
   cfg = elmo.Config(filters=[[1, 4], [2, 8]])
   assert cfg.filters == ((1, 4), (2, 8))
