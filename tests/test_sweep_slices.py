@@ -13,6 +13,7 @@ import threading
 import pytest
 
 import sweep
+from trainer import cli
 from trainer import runner
 from trainer import slices
 from trainer import slurm
@@ -410,6 +411,24 @@ def test_sbatch_refusing_a_job_is_one_line(tmp_path, monkeypatch):
   monkeypatch.setenv('PATH', str(tmp_path / 'nothing'))
   with pytest.raises(ValueError, match='sbatch is not on this machine'):
     slurm.sbatch('job.sbatch', [])
+
+
+def test_jobs_are_not_sent_the_cpu_platform_chosen_for_a_login_node(tmp_path, monkeypatch):
+  # A login node without GPUs runs sweep.py on the CPU (cli.skip_absent_accelerators); sbatch
+  # passes the environment on, so its jobs ran on their nodes' CPUs too.
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'sbatch').write_text('#!/bin/bash\nenv > "$SBATCH_ENV"\necho "7;cluster"\n')
+  (bin_dir / 'sbatch').chmod(0o755)
+  monkeypatch.setenv('PATH', f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+  monkeypatch.setenv('SBATCH_ENV', str(tmp_path / 'env'))
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+  monkeypatch.setenv(cli._CHOSE_CPU, '1')  # as skip_absent_accelerators leaves it
+  assert slurm.sbatch('job.sbatch', []) == '7'
+  assert 'JAX_PLATFORMS=' not in (tmp_path / 'env').read_text()
+  monkeypatch.delenv(cli._CHOSE_CPU)  # the user's own choice goes with the jobs
+  slurm.sbatch('job.sbatch', [])
+  assert 'JAX_PLATFORMS=cpu' in (tmp_path / 'env').read_text()
 
 
 def test_parallel_that_does_not_divide_is_refused_before_anything_runs(tmp_path):

@@ -29,7 +29,21 @@ def skip_absent_accelerators() -> None:
     return
   if host_memory.cpu_backend_expected() and any(map(importlib.util.find_spec, NOISY_PLUGINS)):
     os.environ['JAX_PLATFORMS'] = 'cpu'
+    os.environ[_CHOSE_CPU] = '1'
     jax.config.update('jax_platforms', 'cpu')
+
+
+_CHOSE_CPU = 'LM_JAX_PLATFORMS_CPU_CHOSEN'  # JAX_PLATFORMS is skip_absent_accelerators' choice
+
+
+def environment_elsewhere() -> dict[str, str]:
+  """This process's environment for a job that runs on another machine (sbatch passes it on):
+  without the CPU platform skip_absent_accelerators chose for this one (a login node without
+  GPUs), which kept every job off its node's GPUs."""
+  env = dict(os.environ)
+  if env.pop(_CHOSE_CPU, None):
+    env.pop('JAX_PLATFORMS', None)
+  return env
 
 
 def config_from_file(path: str, variant: str = ''):

@@ -37,6 +37,7 @@ import sys
 from absl import app
 from absl import flags
 
+from trainer import cli
 from trainer import stop
 
 SUBMIT_SCRIPT = 'submit.sh'
@@ -164,7 +165,8 @@ def sbatch(path: str, after: list[str], kind: str = 'afterok') -> str:
   if after:
     command.append(f'--dependency={kind}:' + ':'.join(after))
   try:
-    done = subprocess.run(command + [path], capture_output=True, text=True, check=False)
+    done = subprocess.run(command + [path], capture_output=True, text=True, check=False,
+                          env=cli.environment_elsewhere())
   except FileNotFoundError as e:
     raise ValueError('sbatch is not on this machine\'s PATH: run sweep.py --slurm=submit on a '
                      'SLURM login node, or --slurm=scripts and submit.sh there.') from e
