@@ -6,8 +6,10 @@ import socket
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from trainer import sharding
 from trainer import slices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,3 +134,28 @@ def test_a_mesh_that_gives_the_hosts_the_same_batch_shards_is_refused():
     assert p.returncode == 0, out[-3000:]
     assert f'SPLIT data [{i}]' in out, out[-3000:]  # data first: a shard of its own
     assert 'REFUSED tensor config.mesh=' in out and 'put data (or fsdp) first' in out, out[-3000:]
+
+
+def test_slurm_tasks_join_with_their_nodes_gpus_and_a_batch_shell_runs_alone(monkeypatch,
+                                                                            capsys):
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
+  for name in [n for n in os.environ if n.startswith(('SLURM_', 'TPU_WORKER'))]:
+    monkeypatch.delenv(name)
+  # A batch script's shell of an allocation of 8 tasks: no task of a step, so no cluster.
+  monkeypatch.setenv('SLURM_JOB_ID', '7')
+  monkeypatch.setenv('SLURM_NTASKS', '8')
+  sharding.initialize_hosts()
+  assert calls == [] and 'SLURM_NTASKS=8, but this process is no task of an srun step' in (
+      capsys.readouterr().out)
+  # A task srun started, one per node (trainer/slurm.py's jobs): every GPU of its node, where
+  # jax would give it the one of its local id (0) alone.
+  for name, value in (('SLURM_STEP_NODELIST', 'node[1-2]'), ('SLURM_NTASKS', '2'),
+                      ('SLURM_PROCID', '1'), ('SLURM_LOCALID', '0'),
+                      ('SLURM_NTASKS_PER_NODE', '1'), ('CUDA_VISIBLE_DEVICES', '0,1,2,3')):
+    monkeypatch.setenv(name, value)
+  sharding.initialize_hosts()
+  assert calls == [{'local_device_ids': [0, 1, 2, 3]}]
+  monkeypatch.setenv('SLURM_NTASKS_PER_NODE', '4')  # a task per GPU: jax's own choice
+  sharding.initialize_hosts()
+  assert calls[-1] == {'local_device_ids': None}

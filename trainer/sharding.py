@@ -6,6 +6,7 @@ config.logical_axis_rules maps them to the mesh axes (data, fsdp, tensor).
 
 import math
 import os
+import re
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -63,12 +64,40 @@ def mesh_shape(mesh_cfg: Sequence[tuple[str, int]], num_devices: int) -> dict[st
   return dict(zip(names, sizes))
 
 
+# What srun gives each task of a step (jax's SLURM detection reads these): a batch script's own
+# shell has SLURM_NTASKS too, but is no task of a multi-process step.
+_SLURM_TASK = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID',
+               'SLURM_LOCALID')
+
+
 def initialize_hosts(force: bool = False) -> None:
   """Joins the other hosts of a TPU pod or multi-node job, before any device is touched."""
   tpu_hosts = os.environ.get('TPU_WORKER_HOSTNAMES', '').count(',') + 1
   slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
+  srun_task = all(name in os.environ for name in _SLURM_TASK)
+  if slurm_tasks > 1 and not srun_task and not force and tpu_hosts == 1:
+    print(f'SLURM_NTASKS={slurm_tasks}, but this process is no task of an srun step: it runs '
+          'alone (start the job\'s command with srun to run it on every task).', flush=True)
+    return
   if force or tpu_hosts > 1 or slurm_tasks > 1:
-    jax.distributed.initialize()  # jax reads the cluster's addresses from its environment
+    # jax gives each SLURM task one GPU, that of its local task id; a task per node (ours,
+    # trainer/slurm.py) takes all of its node's.
+    local = _gpus_of_one_task_per_node() if srun_task else None
+    jax.distributed.initialize(local_device_ids=local)
+
+
+def _gpus_of_one_task_per_node() -> list[int] | None:
+  """All of this node's GPU ids when SLURM started one task on it, else None (jax's choice)."""
+  tasks_here = os.environ.get('SLURM_NTASKS_PER_NODE',
+                              os.environ.get('SLURM_STEP_TASKS_PER_NODE', '')).split('(')[0]
+  if tasks_here != '1':
+    return None
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if visible:
+    return list(range(len(visible.split(','))))
+  count = len([n for n in os.listdir('/dev') if re.fullmatch(r'nvidia\d+', n)]) if os.path.isdir(
+      '/dev') else 0
+  return list(range(count)) or None
 
 
 def make_mesh(mesh_cfg, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
