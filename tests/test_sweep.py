@@ -294,6 +294,10 @@ def test_a_fine_tuning_of_a_pretraining_since_extended_is_not_the_sweeps_result(
     json.dump({'init_from': pretrain.workdir, 'step': 10}, f)
   assert runner.finished(tune) and runner.started_from(tune) == 10
   runner.check_unchanged([pretrain, tune])
+  # Its pretraining moved aside to train again: unfinished until it is trained and tuned anew.
+  os.rename(pretrain.workdir, pretrain.workdir + '.old')
+  assert not runner.finished(tune)
+  os.rename(pretrain.workdir + '.old', pretrain.workdir)
   pretrain, tune = prepared(20)
   with pytest.raises(ValueError, match=r'tune/.* started from step 10 of .*lm.*, which the sweep '
                      'now trains to step 20: undo the change'):

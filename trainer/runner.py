@@ -135,8 +135,11 @@ def finished(run: Any) -> bool:
   if results['step'] != saved['train']['num_steps'] or changes(run, saved):
     return False
   step = started_from(run)
-  upstream = read_metrics(run.init_from)[1] if step is not None else None
-  return upstream is None or upstream['step'] == step
+  if step is None:
+    return True
+  # Its pretraining unfinished (deleted to train again, say): not the sweep's result either.
+  upstream = read_metrics(run.init_from)[1]
+  return upstream is not None and upstream['step'] == step
 
 
 class Interrupted(Exception):
