@@ -48,6 +48,8 @@ _EVAL_PASS = ('gpt_finetune', 'tagging', 'cvt', 'word_classification', 'bert_fin
 # Pipelines whose eval iterator has `score(predictions)`: the objective's `predict` outputs of
 # one eval pass, scored on the host (metrics from maintained libraries, SQuAD's answer text).
 SCORED = ('gpt_finetune', 'bert_finetune', 'squad')
+# Pipelines whose eval is a whole pass: host-scored, or with span F1 counted in the step.
+WHOLE_EVAL = SCORED + ('tagging', 'cvt')
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

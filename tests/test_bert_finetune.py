@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from configs import bert_finetune as bert_finetune_config
+from configs import cvt as cvt_config
+from configs import elmo_tagger as elmo_tagger_config
 from input_pipeline import bert_finetune
 from input_pipeline import tagging
 from input_pipeline.common import tokenizer as tokenizer_lib
@@ -253,8 +255,15 @@ def test_a_task_with_the_wrong_head_is_refused_in_one_line():
   bert_finetune.check_config(config)
 
 
-def test_part_of_an_eval_split_is_refused_for_a_scored_task():
-  config = bert_finetune_config.get_config('offline_next,tiny')
+@pytest.mark.parametrize('config_file, variant', [
+    (bert_finetune_config, 'offline_next,tiny'),
+    # Span F1 counted over the batches read: a part of the split, or the first ones twice.
+    (elmo_tagger_config, 'offline_replaced,tiny'),
+    (cvt_config, 'tiny')])
+def test_part_of_an_eval_split_is_refused_for_a_scored_task(config_file, variant):
+  config = config_file.get_config(variant)
+  if config.model.get('use_elmo'):
+    config.model.use_elmo = False  # (no pretrained biLM here)
   mesh = sharding.make_mesh(config.mesh)
   trainer.checks.validate(config, mesh)
   config.train.eval_steps = 3

@@ -115,7 +115,7 @@ def validate(config, mesh, num_hosts: int | None = None) -> None:
   if tc.batch_size % num_hosts:
     raise ValueError(f'train.batch_size={tc.batch_size} is not divisible by the '
                      f'{num_hosts} hosts: use a multiple of {num_hosts}.')
-  if tc.eval_steps and config.data.get('pipeline') in input_pipeline.SCORED:
+  if tc.eval_steps and config.data.get('pipeline') in input_pipeline.WHOLE_EVAL:
     raise ValueError(f'train.eval_steps={tc.eval_steps}: a task is scored over its whole eval '
                      'split (EM/F1, span F1, MCC need every example): set train.eval_steps=0.')
   if config.optimizer.warmup_steps > tc.num_steps:
