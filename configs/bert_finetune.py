@@ -65,6 +65,8 @@ def eval_metrics(task_name: str) -> tuple[str, ...]:
     names = ('f1', 'exact_match')
   elif bert_finetune.is_tagging(task):
     names = ('span_f1', 'word_accuracy') if tagging.span_tags(task) else ('word_accuracy',)
+  elif task_name == 'stsb':  # BERT's Table 1 reports Spearman's (GLUE both, Pearson's first)
+    names = ('spearman', 'pearson')
   else:
     names = task_metrics.reported(task_name, task.regression)
   return tuple(f'eval_{name}' for name in names)

@@ -136,14 +136,18 @@ def test_the_shipped_sweeps_tabulate_what_each_task_reports(task):
                                               binary=spec.num_labels == 2))
   metrics = bert_finetune.eval_metrics(task)
   assert {m.removeprefix('eval_') for m in metrics} <= written, (metrics, written)
-  main = {'cola': 'eval_matthews_corr', 'stsb': 'eval_pearson', 'mrpc': 'eval_f1',
+  main = {'cola': 'eval_matthews_corr', 'stsb': 'eval_spearman', 'mrpc': 'eval_f1',
           'offline_capitalized': 'eval_span_f1', 'squad': 'eval_f1'}
   assert metrics[0] == main.get(task, metrics[0])
   loaded = sweep.load_sweep(f'{ROOT}/configs/sweeps/bert_masking.py:tiny,{task}')
   assert loaded['metrics'] == metrics + ('eval_loss',)
   if task in ('cola', 'stsb', 'mrpc', 'sst2'):
+    from configs import gpt_finetune  # pylint: disable=g-import-not-at-top
+    gpt_metrics = gpt_finetune.eval_metrics(task)
     assert sweep.load_sweep(f'{ROOT}/configs/sweeps/gpt_aux_lm.py:tiny,{task}')['metrics'][:-2] \
-        == metrics
+        == gpt_metrics
+    # GPT's Table 3 reports STS-B's Pearson correlation, BERT's Table 1 its Spearman's.
+    assert gpt_metrics == (metrics[::-1] if task == 'stsb' else metrics)
 
 
 @pytest.mark.parametrize('text,message', [
