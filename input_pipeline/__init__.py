@@ -139,6 +139,13 @@ class ShardedStream:
     # One shard's whole batch (the same hosts as shards): passed on without a copy.
     self._whole = [piece for _, piece in self._pieces] == [slice(0, per_shard)]
 
+  @property
+  def steps_per_epoch(self) -> int | None:
+    """One pass's steps of a stream of one shard (an eval split's), else None."""
+    if len(self._shards) != 1:
+      return None
+    return getattr(next(iter(self._shards.values())), 'steps_per_epoch', None)
+
   def get_state(self) -> dict[int, dict[str, int]]:
     return {shard: it.get_state() for shard, it in self._shards.items()}
 

@@ -18,6 +18,7 @@ from configs import gpt_finetune as finetune_configs
 import input_pipeline
 from trainer import sharding
 import trainer.checks
+import trainer.evaluation
 import trainer.loop
 import trainer.optimizer
 import trainer.state
@@ -361,3 +362,31 @@ def test_step_metrics_are_summed_on_the_device_even_when_their_names_change():
   np.testing.assert_array_equal(window['sums']['a'], [4.0, 2.0])
   np.testing.assert_array_equal(window['sums']['b'], [5.0, 2.0])
   np.testing.assert_array_equal(window['sums']['grad_norm'], [inf, 3.0])
+
+
+def test_a_pretraining_eval_has_the_same_examples_on_any_number_of_hosts(data_dir, monkeypatch):
+  """train.eval_steps batches of the eval split, read on 1 host and on 2: each host's rows are
+  its part of the same global batches (documents and masks as one host draws them)."""
+  config = micro_config(data_dir, eval_steps=2)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  B = config.train.batch_size
+  tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size)
+
+  def batches(hosts, host):
+    monkeypatch.setattr(jax, 'process_count', lambda: hosts)
+    monkeypatch.setattr(jax, 'process_index', lambda: host)
+    monkeypatch.setattr(sharding, 'process_rows', lambda mesh, size, p: [
+        (p * size // hosts, (p + 1) * size // hosts)])
+    stream, _ = trainer.evaluation.eval_batches(config, tokenizer, mesh)
+    try:
+      return [next(stream) for _ in range(config.train.eval_steps)]
+    finally:
+      stream.close()
+
+  one = batches(1, 0)
+  two = [batches(2, host) for host in (0, 1)]
+  for step, whole in enumerate(one):
+    for key, value in whole.items():
+      np.testing.assert_array_equal(
+          np.concatenate([two[0][step][key], two[1][step][key]]), value, err_msg=key)
+  assert len(one[0]['input_ids']) == B

@@ -24,13 +24,26 @@ from trainer.checks import model_config
 from trainer.steps import accumulate
 
 
-def eval_batches(config, tokenizer):
+def eval_batches(config, tokenizer, mesh):
   """The held-out split's iterator and its start; fine-tuning tasks (a fixed eval pass) read
-  one batch now, so that a missing or empty eval split stops the run before it trains."""
-  batches = input_pipeline.get_dataset(
-      config.data, 'eval', tokenizer=tokenizer,
-      batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+  one batch now, so that a missing or empty eval split stops the run before it trains.
+
+  A number of batches (train.eval_steps, pretraining's) is read as one stream whose global
+  batches each host takes its rows of: the same examples, masks included, on any number of
+  hosts (split by host, each host's documents and draws were its own). A whole pass
+  (eval_steps=0) is split by example, each counted once by its index, on any number too."""
+  if config.train.eval_steps:
+    batches = input_pipeline.ShardedStream(
+        lambda shard, batch_size, workers: input_pipeline.get_dataset(
+            config.data, 'eval', tokenizer=tokenizer, batch_size=batch_size, seed=config.seed),
+        num_shards=1, global_batch=config.train.batch_size, process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        rows=sharding.process_rows(mesh, config.train.batch_size, jax.process_index()))
+  else:
+    batches = input_pipeline.get_dataset(
+        config.data, 'eval', tokenizer=tokenizer,
+        batch_size=config.train.batch_size // jax.process_count(), seed=config.seed,
+        process_index=jax.process_index(), process_count=jax.process_count())
   start = batches.get_state()
   if config.train.eval_steps == 0:
     next(batches)

@@ -227,7 +227,7 @@ def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None =
       rows=sharding.process_rows(run.mesh, config.train.batch_size, jax.process_index()))
   if data:
     run.train_iter.set_state(dict(enumerate(data['shards'])))
-  run.eval_data, run.eval_start = evaluation.eval_batches(config, run.tokenizer)
+  run.eval_data, run.eval_start = evaluation.eval_batches(config, run.tokenizer, run.mesh)
   if len(run.phases) > 1 and jax.process_index() == 0:
     print(f'Training {phase.describe(len(run.phases))}.', flush=True)
 
