@@ -16,11 +16,13 @@ from configs import cove as cove_configs
 from configs import cvt as cvt_configs
 from configs import gpt_finetune as finetune_configs
 import input_pipeline
+from trainer import checkpoints
 from trainer import sharding
 import trainer.checks
 import trainer.evaluation
 import trainer.loop
 import trainer.optimizer
+import trainer.stop
 import trainer.state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -390,3 +392,15 @@ def test_a_pretraining_eval_has_the_same_examples_on_any_number_of_hosts(data_di
       np.testing.assert_array_equal(
           np.concatenate([two[0][step][key], two[1][step][key]]), value, err_msg=key)
   assert len(one[0]['input_ids']) == B
+
+
+def test_a_run_stopped_between_log_steps_logs_the_steps_since_the_last_row(data_dir, tmp_path,
+                                                                           monkeypatch):
+  # A signal at step 3 (log_every=2): step 3's loss is logged with its checkpoint, where the
+  # resumed run's step-4 row then covered step 4 alone and step 3 was in no row.
+  monkeypatch.setattr(trainer.stop.StopRequested, 'requested',
+                      lambda self, step, every: step >= 3)
+  trainer.loop.train_and_evaluate(micro_config(data_dir, num_steps=6), str(tmp_path))
+  rows = [(m['step'], 'loss' in m) for m in read_metrics(tmp_path)]
+  assert rows == [(2, True), (3, True)], rows
+  assert checkpoints.newest_step(str(tmp_path)) == 3

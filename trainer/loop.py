@@ -398,6 +398,9 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       progress.paused += time.time() - pause
     if step < end:  # stopped by a signal
       progress.check()
+      if step > progress.last_step:  # the steps since the last row: logged, not lost
+        summary, steps_per_sec = progress.summary(step)
+        writer.write(step, summary, steps_per_sec=steps_per_sec, fields=run.row_fields())
       progress.save(step, state)
       with stop.deferred():
         checkpoints.wait(run.mngr)
