@@ -107,6 +107,18 @@ def test_ctrl_c_asks_to_stop_after_the_first_step_and_stops_at_once_when_pressed
   assert term.flag and term.describe() == 'SIGTERM'
 
 
+def test_hosts_agree_on_a_stop_at_least_every_ten_steps(monkeypatch):
+  # At log_every=100 a step of 1.5 s put the agreement past SLURM's 120 s warning.
+  gathers = []
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(trainer.stop.multihost_utils, 'process_allgather',
+                      lambda x: gathers.append(x) or np.stack([x, np.array(True)]))
+  stop = trainer.stop.StopRequested()
+  asked = [step for step in range(1, 31) if stop.requested(step, 100)]
+  assert asked == [10, 20, 30] and len(gathers) == 3
+  assert [step for step in range(1, 9) if stop.requested(step, 4)] == [4, 8]
+
+
 def test_a_hangup_stops_as_a_preemption_does_unless_nohup_ignores_it():
   hangup = trainer.stop.StopRequested()
   hangup(signal.SIGHUP, None)  # an ssh session dropped: save, then exit 75
