@@ -226,7 +226,9 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
            None if isinstance(shards, list) and shards else 'its data position is missing')
   except _Unreadable:
     pass
-  if jax.process_count() > 1:  # every host falls back if one cannot read its part
+  # Every host falls back if one finds its part not finite or changed. A read that raises on
+  # one host alone leaves the others in orbax's restore barrier: the job fails (not covered).
+  if jax.process_count() > 1:
     failed = multihost_utils.process_allgather(np.array(why is not None))
     if why is None and np.asarray(failed).any():
       why = 'another host could not read it'
