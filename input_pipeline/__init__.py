@@ -107,18 +107,21 @@ class ShardedStream:
 
   A training run's data is `num_shards` independent, resumable streams: shard
   s is what host s read in the run's first job, with as many hosts as shards.
-  Each global batch is every shard's next global_batch/num_shards examples,
-  shard after shard; a host takes its rows of it (`rows`: [start, stop) ranges
-  in the order its local batch lists them, sharding.process_rows; by default
-  the process's contiguous share) and reads only the shards those rows come
-  from. So a run resumed on another number of hosts (or with another mesh)
-  sees the same global batches in the same order.
+  Each global batch is every shard's next global_batch/num_shards examples at
+  the rows the shard fills (`shard_rows`, the run's layout, sharding.shard_rows:
+  those host s fed in the first job; by default shard after shard). A host
+  takes its rows of it (`rows`: [start, stop) ranges in the order its local
+  batch lists them, sharding.process_rows; by default the process's contiguous
+  share) and reads only the shards those rows come from: its own alone in the
+  run's first job. So a run resumed on another number of hosts (or with another
+  mesh) sees the same global batches in the same order.
   State: {shard: that shard's position} for the shards this host reads.
   """
 
   def __init__(self, make_shard: Any, *, num_shards: int, global_batch: int,
                process_index: int, process_count: int, workers: int = 0,
-               rows: Sequence[tuple[int, int]] | None = None):
+               rows: Sequence[tuple[int, int]] | None = None,
+               shard_rows: Sequence[Sequence[tuple[int, int]]] | None = None):
     if global_batch % num_shards or global_batch % process_count:
       raise ValueError(f'train.batch_size={global_batch} must divide among the {num_shards} '
                        f'data shards this run started with and the {process_count} hosts: '
@@ -126,12 +129,22 @@ class ShardedStream:
     per_shard, per_host = global_batch // num_shards, global_batch // process_count
     if rows is None:
       rows = [(process_index * per_host, (process_index + 1) * per_host)]
-    self._pieces = []  # (shard, its rows in this host's batch), in the local batch's order
+    if shard_rows is None:
+      shard_rows = [[(s * per_shard, (s + 1) * per_shard)] for s in range(num_shards)]
+    if [sum(b - a for a, b in ranges) for ranges in shard_rows] != [per_shard] * num_shards:
+      raise ValueError(f'A layout of {shard_rows} does not give each of {num_shards} data '
+                       f'shards {per_shard} rows of a batch of {global_batch}.')
+    self._pieces = []  # (shard, its rows in the shard's batch), in the local batch's order
     for first, last in rows:
-      for shard in range(num_shards):
-        lo, hi = max(first, shard * per_shard), min(last, (shard + 1) * per_shard)
-        if lo < hi:
-          self._pieces.append((shard, slice(lo - shard * per_shard, hi - shard * per_shard)))
+      pieces = []  # (the first global row, shard, rows in the shard's batch)
+      for shard, ranges in enumerate(shard_rows):
+        offset = 0
+        for start, stop in ranges:
+          lo, hi = max(first, start), min(last, stop)
+          if lo < hi:
+            pieces.append((lo, shard, slice(offset + lo - start, offset + hi - start)))
+          offset += stop - start
+      self._pieces += [(shard, piece) for _, shard, piece in sorted(pieces, key=lambda p: p[0])]
     # The host's workers divide among the shards it reads.
     read = sorted({shard for shard, _ in self._pieces})
     shard_workers = max(1, workers // len(read)) if workers else 0
@@ -172,10 +185,12 @@ class ShardedStream:
 def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
                      global_batch: int, seed: int, num_shards: int, process_index: int = 0,
                      process_count: int = 1, workers: int = 0,
-                     rows: Sequence[tuple[int, int]] | None = None) -> ShardedStream:
+                     rows: Sequence[tuple[int, int]] | None = None,
+                     shard_rows: Sequence[Sequence[tuple[int, int]]] | None = None
+                     ) -> ShardedStream:
   """Endless training batches of this host's rows (ShardedStream's `rows`), from `num_shards`
-  data shards, made by `workers` processes of this host; get_state/set_state carry every shard
-  it reads."""
+  data shards at their rows (`shard_rows`), made by `workers` processes of this host;
+  get_state/set_state carry every shard it reads."""
   module = _pipeline(data_cfg)
 
   def make_shard(shard: int, batch_size: int, shard_workers: int) -> Any:
@@ -185,7 +200,7 @@ def get_train_stream(data_cfg: ml_collections.ConfigDict, *, tokenizer: Any,
 
   return ShardedStream(make_shard, num_shards=num_shards, global_batch=global_batch,
                        process_index=process_index, process_count=process_count,
-                       workers=workers, rows=rows)
+                       workers=workers, rows=rows, shard_rows=shard_rows)
 
 
 def get_dataset(data_cfg: ml_collections.ConfigDict, split: str, *,

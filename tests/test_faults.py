@@ -456,11 +456,27 @@ def test_data_shards_give_the_same_global_batches_on_any_number_of_hosts():
                                  process_count=3)
 
 
+def test_a_checkpoint_keeps_the_runs_data_layout(tmp_path):
+  layout = {'blocks': 8, 'shards': [[0, 2, 4, 6], [1, 3, 5, 7]]}
+  params = {'w': np.ones(3, np.float32)}
+  mngr = checkpoints.manager(str(tmp_path), 2)
+  checkpoints.save(mngr, 2, {'step': 2, 'params': params}, {0: {'i': 2}, 1: {'i': 2}}, 2,
+                   layout=layout)
+  checkpoints.wait(mngr)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype,
+                                                         sharding=device),
+                          {'step': 2, 'params': params})
+  _, data = checkpoints.restore(mngr, abstract, str(tmp_path))
+  assert data['layout'] == layout == checkpoints.newest_data(str(tmp_path))['layout']
+
+
 def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
   """On a TPU slice the mesh follows the chips' layout, so a host's batch shards need not be
   side by side (v4 2x2x2, data=8: host 0 holds 0, 2, 4, 6). Each host's local batch is placed
-  on its devices by ascending row (make_array_from_process_local_data); the global batch must
-  still be the data shards' rows in order, as one host reads them."""
+  on its devices by ascending row (make_array_from_process_local_data). The run's layout puts
+  data shard p at the rows host p holds: each host reads its own shard alone, and the global
+  batches are the same on one host resuming it (or any other mesh)."""
   for name, value in aot.QUIET_LIBTPU.items():
     monkeypatch.setenv(name, value)
   _, tpus = aot.topology_devices('v4:2x2x2')
@@ -469,6 +485,10 @@ def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
   held = sharding.batch_shards_by_process(mesh)
   assert held[0] != {0, 1, 2, 3}, held  # interleaved: what this test is about
   sharding.check_processes_split_the_batch(held, mesh_cfg)
+  layout = sharding.batch_layout(mesh)
+  assert layout == {'blocks': 8, 'shards': [sorted(held[0]), sorted(held[1])]}
+  one_device = (('data', 1), ('fsdp', 1), ('tensor', 1))
+  assert sharding.batch_layout(sharding.make_mesh(one_device, jax.devices()[:1])) is None
 
   class Numbered:
     """Data shard s: example i of it is 1000 * s + i."""
@@ -482,18 +502,30 @@ def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
       self.position += self.batch_size
       return {'x': rows}
 
-  B, per_shard = 16, 2
-  one_host = next(input_pipeline.ShardedStream(Numbered, num_shards=2, global_batch=B,
-                                               process_index=0, process_count=1))['x']
-  local = {p: next(input_pipeline.ShardedStream(
+  B, per_block = 16, 2
+  shard_rows = sharding.shard_rows(layout, 2, B)
+  streams = {p: input_pipeline.ShardedStream(
       Numbered, num_shards=2, global_batch=B, process_index=p, process_count=2,
-      rows=sharding.process_rows(mesh, B, p)))['x'] for p in held}
+      rows=sharding.process_rows(mesh, B, p), shard_rows=shard_rows) for p in held}
+  assert {p: list(s._shards) for p, s in streams.items()} == {0: [0], 1: [1]}  # its own alone
+  local = {p: next(s)['x'] for p, s in streams.items()}
   placed = np.zeros(B, np.int64)
-  for shard in range(8):  # a shard's rows: its place among its host's shards, by row
-    host = next(p for p, shards in held.items() if shard in shards)
-    at = sorted(held[host]).index(shard) * per_shard
-    placed[shard * per_shard:(shard + 1) * per_shard] = local[host][at:at + per_shard]
-  np.testing.assert_array_equal(placed, one_host)
+  for block in range(8):  # a block's rows: its place among its host's blocks, by row
+    host = next(p for p, blocks in held.items() if block in blocks)
+    at = sorted(held[host]).index(block) * per_block
+    placed[block * per_block:(block + 1) * per_block] = local[host][at:at + per_block]
+  # Data shard p's examples, in order, at the blocks host p holds.
+  for p in held:
+    np.testing.assert_array_equal(
+        np.concatenate([placed[b * per_block:(b + 1) * per_block] for b in sorted(held[p])]),
+        1000 * p + np.arange(B // 2))
+  # One host resuming the run (its layout saved with the checkpoints): the same global batch.
+  one_host = next(input_pipeline.ShardedStream(Numbered, num_shards=2, global_batch=B,
+                                               process_index=0, process_count=1,
+                                               shard_rows=shard_rows))['x']
+  np.testing.assert_array_equal(one_host, placed)
+  # A batch size its blocks do not divide: shard after shard, as a run saved before layouts.
+  assert sharding.shard_rows(layout, 2, 12) is None
 
 
 # ----------------------------------------------------------------------------

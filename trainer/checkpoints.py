@@ -63,12 +63,14 @@ def _all_shards(shard_states: dict[int, dict[str, int]], num_shards: int
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any,
          shard_states: dict[int, dict[str, int]], num_shards: int, *, phase: int = 0,
-         positions: int | None = None, eot_trained: bool | None = None) -> None:
+         positions: int | None = None, eot_trained: bool | None = None,
+         layout: dict[str, Any] | None = None) -> None:
   """Starts an async save; device buffers are copied before this returns. With the data
   shards' positions go the training phase they are in (trainer/phases.py), the positions
   the parameters have trained (the longest sequence so far; None: not known) and whether the
   end-of-text token's embedding was ever trained (False: a converted openai-gpt, which had
-  none; None: not known).
+  none; None: not known) and the rows of the batch each data shard fills
+  (sharding.batch_layout; None: side by side).
 
   Refuses (FloatingPointError) a state with a non-finite array: a checkpoint
   is always one to resume from.
@@ -83,7 +85,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any,
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({'shards': _all_shards(shard_states, num_shards), 'phase': phase,
                                 'positions': positions, 'eot_trained': eot_trained,
-                                'checksums': checksums(state)})),
+                                'layout': layout, 'checksums': checksums(state)})),
               force=True)
 
 
@@ -236,7 +238,8 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
     return None, None, why
   return restored['state'], {'shards': shards, 'phase': data.get('phase', 0),
                              'positions': data.get('positions'),
-                             'eot_trained': data.get('eot_trained')}, None
+                             'eot_trained': data.get('eot_trained'),
+                             'layout': data.get('layout')}, None
 
 
 class _Unreadable(Exception):
@@ -276,7 +279,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, workdir: str
             ) -> tuple[Any, dict[str, Any]]:
   """The newest checkpoint that restores: (state on the given shardings, its data: every data
   shard's position under 'shards', the phase under 'phase', the trained positions under
-  'positions', whether eot was trained under 'eot_trained').
+  'positions', whether eot was trained under 'eot_trained', the data layout under 'layout').
 
   A checkpoint that cannot be read, holds a non-finite array or an array whose bytes no
   longer match the checksums saved with it is reported in one line and moved to

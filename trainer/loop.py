@@ -75,6 +75,7 @@ class Run:
   phases: list[phases_lib.Phase]
   positions: int  # the longest sequence the parameters have trained on, before this run's phases
   eot_trained: bool | None  # end-of-text's embedding trained, by this run or before (None: unknown)
+  layout: dict[str, Any] | None = None  # the rows each data shard fills (sharding.batch_layout)
   phase: phases_lib.Phase | None = None
   train_iter: Any = None
   train_step: Callable | None = None
@@ -153,8 +154,11 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
   eot_trained = has_trained_eot(config, before)
   started_from = (checkpoints.newest_step(config.init_from)
                   if config.get('init_from') and not resuming else None)
+  # The rows each data shard fills: the first job's hosts' (a run saved before layouts: side by
+  # side, as every GPU and CPU mesh has them).
+  layout = data.get('layout') if resuming else sharding.batch_layout(mesh)
   run = Run(config, workdir, mesh, tokenizer, data_shards, objective, schedule, state, mngr,
-            phases_lib.of(config), positions, eot_trained)
+            phases_lib.of(config), positions, eot_trained, layout)
   step = int(state.step) if resuming else 0
   phase = phases_lib.at(run.phases, step)
   if data and data['phase'] != phase.index:
@@ -224,7 +228,8 @@ def enter_phase(run: Run, phase: phases_lib.Phase, data: dict[str, Any] | None =
       config.data, tokenizer=run.tokenizer, global_batch=config.train.batch_size,
       seed=phases_lib.data_seed(config.seed, phase.index), num_shards=run.data_shards,
       process_index=jax.process_index(), process_count=jax.process_count(), workers=workers,
-      rows=sharding.process_rows(run.mesh, config.train.batch_size, jax.process_index()))
+      rows=sharding.process_rows(run.mesh, config.train.batch_size, jax.process_index()),
+      shard_rows=sharding.shard_rows(run.layout, run.data_shards, config.train.batch_size))
   if data:
     run.train_iter.set_state(dict(enumerate(data['shards'])))
   run.eval_data, run.eval_start = evaluation.eval_batches(config, run.tokenizer, run.mesh)
@@ -302,7 +307,7 @@ class Progress:
         checkpoints.save(self.run.mngr, step, state, self.run.train_iter.get_state(),
                          self.run.data_shards, phase=self.run.phase.index,
                          positions=self.run.trained_positions(),
-                         eot_trained=self.run.eot_trained)
+                         eot_trained=self.run.eot_trained, layout=self.run.layout)
     except FloatingPointError as e:
       raise FloatingPointError(
           f'{e}; the last good checkpoint is step {self.last_good_step} in {self.run.workdir}. '

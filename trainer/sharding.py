@@ -158,14 +158,41 @@ def process_rows(mesh, batch_size: int, process_index: int) -> list[tuple[int, i
   global_batch reads its local batch (make_array_from_process_local_data: its devices' batch
   shards by ascending row). A host's shards are side by side on GPUs; a TPU slice's mesh follows
   the chips' layout, where a host's can be every other one (v4 2x2x2, mesh data=8: 0, 2, 4, 6)."""
-  per_shard = batch_size // data_parallel_size(mesh)
+  blocks = sorted(batch_shards_by_process(mesh).get(process_index, ()))
+  return _row_ranges(blocks, batch_size // data_parallel_size(mesh))
+
+
+def batch_layout(mesh) -> dict[str, Any] | None:
+  """A new run's data layout (saved with its checkpoints): the blocks of the batch (its data x
+  fsdp shards, by row) that data shard s fills, those process s feeds, so that each host reads
+  its own shard alone; None where each process's blocks are side by side in process order (any
+  GPU or CPU mesh), ShardedStream's default layout."""
+  held = batch_shards_by_process(mesh)
+  shards = [sorted(held[p]) for p in sorted(held)]
+  if all(blocks == list(range(p * len(blocks), (p + 1) * len(blocks)))
+         for p, blocks in enumerate(shards)):
+    return None
+  return {'blocks': data_parallel_size(mesh), 'shards': shards}
+
+
+def shard_rows(layout: dict[str, Any] | None, num_shards: int, batch_size: int
+               ) -> list[list[tuple[int, int]]] | None:
+  """The global rows each data shard fills under a run's `layout` at this batch size; None
+  (side by side in shard order) without one, or at a batch size its blocks do not divide."""
+  if not layout or len(layout['shards']) != num_shards or batch_size % layout['blocks']:
+    return None
+  block = batch_size // layout['blocks']
+  return [_row_ranges(blocks, block) for blocks in layout['shards']]
+
+
+def _row_ranges(blocks: Sequence[int], block: int) -> list[tuple[int, int]]:
+  """Rows [start, stop) of the ascending `blocks` of `block` rows each, neighbours merged."""
   rows = []
-  for shard in sorted(batch_shards_by_process(mesh).get(process_index, ())):
-    start = shard * per_shard
-    if rows and rows[-1][1] == start:
-      rows[-1] = (rows[-1][0], start + per_shard)
+  for b in blocks:
+    if rows and rows[-1][1] == b * block:
+      rows[-1] = (rows[-1][0], (b + 1) * block)
     else:
-      rows.append((start, start + per_shard))
+      rows.append((b * block, (b + 1) * block))
   return rows
 
 
