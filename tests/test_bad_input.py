@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import flax.linen as nn
+import jax
 import numpy as np
 import pytest
 
@@ -14,11 +16,14 @@ from configs import bert_finetune as bert_finetune_config
 from configs import elmo as elmo_config
 from configs import gpt as gpt_config
 from configs.bert_base import get_config as bert_config
+import input_pipeline
+from models import gpt
 from trainer import checkpoints
 from trainer import checks
 from trainer import cli
 from trainer import host_memory
 import trainer.loop
+import trainer.state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -320,3 +325,22 @@ def test_an_init_from_stopped_before_its_last_step_is_refused_before_anything_is
   assert not os.path.exists(tmp_path / 'finetune')
   config.allow_unfinished_init_from = True
   checks.check_run_directories(config, str(tmp_path / 'finetune'))
+
+
+def test_a_checkpoint_with_parameters_the_model_no_longer_has_is_refused_for_inference(tmp_path):
+  # translate.py, extract_features.py, generate.py read a workdir with load_trained: arrays its
+  # model has no place for (a layer since removed) would be left out of what it computes.
+  config = gpt_config.get_config('tiny')
+  config.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                      max_position_embeddings=128)
+  (tmp_path / 'config.json').write_text(config.to_json_best_effort(), encoding='utf-8')
+  example = input_pipeline.example_batch(config.data, 64, batch_size=1)
+  params = nn.meta.unbox(gpt.Model(trainer.checks.model_config(config)).init(
+      jax.random.key(0), example, deterministic=True)['params'])
+  params['layer_0']['attention']['query']['old_scale'] = np.ones(2, np.float32)
+  mngr = checkpoints.manager(str(tmp_path), 1)
+  checkpoints.save(mngr, 1, {'step': 1, 'params': params}, {0: {}}, 1)
+  checkpoints.wait(mngr)
+  with pytest.raises(ValueError, match=r'holds layer_0/attention/query/old_scale, which '
+                     r'models/gpt.py no longer has: it was trained by an earlier version'):
+    trainer.state.load_trained(str(tmp_path), 'gpt', 'test')

@@ -121,10 +121,14 @@ def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
       model.init(jax.random.key(0), example, deterministic=True)['params']))
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                         abstract)
-  params, new, _ = checkpoints.restore_params(workdir, target)
+  params, new, unused = checkpoints.restore_params(workdir, target)
   if new:
     raise ValueError(f'The checkpoint in {workdir} lacks {", ".join(new)}: it does not match '
                      'its config.json.')
+  if unused:  # the model computed without them: not what was trained
+    raise ValueError(f'The checkpoint in {workdir} holds {", ".join(unused[:3])}, which '
+                     f'models/{config.model_name}.py no longer has: it was trained by an earlier '
+                     'version of the model (see git log models/); use that version for it.')
   tokenizer = input_pipeline.get_tokenizer(config.data, config.model.vocab_size,
                                            saved_dir=workdir)
   return config, model, params, tokenizer
