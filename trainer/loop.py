@@ -174,12 +174,12 @@ def setup(config, workdir: str, mesh, take_workdir: Callable[[], None] | None = 
   steps = (train_step, eval_step) if phase.index == 0 else None
   try:
     enter_phase(run, phase, data, steps)
-    # After the checks of a resume (the phases, the data shards, the eval split): a resume
-    # refused leaves the run's config.json as it was.
-    write_workdir_files(config, workdir, tokenizer, started_from)
     if not resuming:
       run.state = initial_state(config, mesh, tokenizer)
     compile_later_phases(run)
+    # After the checks of a resume (the phases, the data shards, the eval split, the later
+    # phases' steps): a resume refused leaves the run's config.json as it was.
+    write_workdir_files(config, workdir, tokenizer, started_from)
   except BaseException:  # a step too large, Ctrl-C: no input worker stays behind
     for stream in (run.train_iter, run.eval_data):
       if stream is not None:
