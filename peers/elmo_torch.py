@@ -42,7 +42,8 @@ NUM_LAYERS, DROPOUT, FORGET_BIAS, HIGHWAY_GATE_BIAS = 2, 0.1, 1.0, -2.0
 
 
 class CharCNN(nn.Module):
-  """Char ids (B, L, W) -> (B, L, D): embed, convolve, max-pool, relu, highway, project."""
+  """Char ids (B, L, W) -> (B, L, D): embed, convolve, max-pool, relu, highway, project (when
+  the filters are not D wide)."""
 
   def __init__(self, filters, output_dim):
     super().__init__()
@@ -56,8 +57,9 @@ class CharCNN(nn.Module):
       nn.init.uniform_(conv.weight, -0.05, 0.05)
       nn.init.zeros_(conv.bias)
     self.highways = nn.ModuleList(nn.Linear(N, 2 * N) for _ in range(2))  # [gate; transform]
-    self.projection = nn.Linear(N, output_dim)
-    for layer in [*self.highways, self.projection]:
+    # As bilm-tf and models/elmo.py: no projection when the filters are output_dim wide.
+    self.projection = nn.Linear(N, output_dim) if N != output_dim else nn.Identity()
+    for layer in [*self.highways, *([self.projection] if N != output_dim else [])]:
       nn.init.normal_(layer.weight, std=N ** -0.5)
       nn.init.zeros_(layer.bias)
     for highway in self.highways:
