@@ -8,6 +8,7 @@ import sys
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -327,20 +328,38 @@ def test_an_init_from_stopped_before_its_last_step_is_refused_before_anything_is
   checks.check_run_directories(config, str(tmp_path / 'finetune'))
 
 
-def test_a_checkpoint_with_parameters_the_model_no_longer_has_is_refused_for_inference(tmp_path):
-  # translate.py, extract_features.py, generate.py read a workdir with load_trained: arrays its
-  # model has no place for (a layer since removed) would be left out of what it computes.
+def test_a_checkpoint_with_parameters_the_model_no_longer_has_is_refused(tmp_path):
+  # A layer since removed: in a module read in part (a bias of a projection whose kernel is
+  # read), any reader refuses it; a whole module, translate.py, extract_features.py and
+  # generate.py (load_trained) do, where a fine-tuning leaves out pretraining heads.
   config = gpt_config.get_config('tiny')
   config.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
                       max_position_embeddings=128)
-  (tmp_path / 'config.json').write_text(config.to_json_best_effort(), encoding='utf-8')
   example = input_pipeline.example_batch(config.data, 64, batch_size=1)
   params = nn.meta.unbox(gpt.Model(trainer.checks.model_config(config)).init(
       jax.random.key(0), example, deterministic=True)['params'])
-  params['layer_0']['attention']['query']['old_scale'] = np.ones(2, np.float32)
-  mngr = checkpoints.manager(str(tmp_path), 1)
-  checkpoints.save(mngr, 1, {'step': 1, 'params': params}, {0: {}}, 1)
-  checkpoints.wait(mngr)
-  with pytest.raises(ValueError, match=r'holds layer_0/attention/query/old_scale, which '
-                     r'models/gpt.py no longer has: it was trained by an earlier version'):
-    trainer.state.load_trained(str(tmp_path), 'gpt', 'test')
+
+  def saved(name, extra):
+    workdir = tmp_path / name
+    workdir.mkdir()
+    (workdir / 'config.json').write_text(config.to_json_best_effort(), encoding='utf-8')
+    mngr = checkpoints.manager(str(workdir), 1)
+    checkpoints.save(mngr, 1, {'step': 1, 'params': {**params, **extra}}, {0: {}}, 1)
+    checkpoints.wait(mngr)
+    return str(workdir)
+
+  query = {**params['layer_0']['attention']['query'], 'old_scale': np.ones(2, np.float32)}
+  attention = {**params['layer_0']['attention'], 'query': query}
+  partial = saved('partial', {'layer_0': {**params['layer_0'], 'attention': attention}})
+  target = jax.tree.map(jnp.asarray, params)
+  for read in (lambda: trainer.state.load_trained(partial, 'gpt', 'test'),
+               lambda: checkpoints.restore_params(partial, target)):
+    with pytest.raises(ValueError, match=r'holds layer_0/attention/query/old_scale, which this '
+                       r"model's layer_0/attention/query has no place for: the run was trained"):
+      read()
+  whole = saved('whole', {'old_head': {'kernel': np.ones((16, 2), np.float32)}})
+  with pytest.raises(ValueError, match=r'holds old_head/kernel, which models/gpt.py no longer '
+                     r'has: it was trained by an earlier version'):
+    trainer.state.load_trained(whole, 'gpt', 'test')
+  _, _, unused = checkpoints.restore_params(whole, target)  # a fine-tuning: a head left out
+  assert unused == ['old_head/kernel']

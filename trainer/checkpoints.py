@@ -385,5 +385,14 @@ def restore_params(workdir: str, target_params: Any, fresh: tuple[str, ...] = ()
   loaded = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
   leaves = [loaded.get(name, array) for name, (_, array) in zip(names, target)]
   new = [name for name in names if name not in saved_shapes]
-  unused = sorted(set(saved_shapes) - set(names)) + unused_heads
-  return jax.tree_util.tree_unflatten(treedef, leaves), new, unused
+  unused = sorted(set(saved_shapes) - set(names))
+  # A module read in part: the checkpoint has arrays of it this model has no place for (a
+  # layer since removed), and it would compute without them.
+  read_modules = {name.rsplit('/', 1)[0] for name in loaded}
+  partial_reads = [name for name in unused if name.rsplit('/', 1)[0] in read_modules]
+  if partial_reads:
+    raise ValueError(f'{workdir} holds {", ".join(partial_reads[:3])}, which this model\'s '
+                     f'{partial_reads[0].rsplit("/", 1)[0]} has no place for: the run was '
+                     'trained by an earlier version of the model (see git log models/); use '
+                     'that version, or train it again.')
+  return jax.tree_util.tree_unflatten(treedef, leaves), new, unused + unused_heads
