@@ -82,6 +82,7 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
 
   config.loss = ml_collections.ConfigDict()
   config.loss.lm_coef = 0.5  # lambda of L3 = L2 + lambda * L1; 0 turns the auxiliary LM off
+  config.loss.choices = spec.head == 'choice'  # no class metrics for two choices (PIQA)
 
   if spec.source == 'offline':
     num_steps = OFFLINE_STEPS

@@ -42,8 +42,10 @@ def _weighted_sum(values_B: Array, weights_B: Array) -> Array:
 
 
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
-            lm_coef: float = 0.5) -> tuple[Array, dict[str, Array]]:
-  """L2 + lm_coef * L1 and its metrics; lm_coef = 0 gives L2 alone (sec. 3.2)."""
+            lm_coef: float = 0.5, choices: bool = False) -> tuple[Array, dict[str, Array]]:
+  """L2 + lm_coef * L1 and its metrics; lm_coef = 0 gives L2 alone (sec. 3.2). `choices`:
+  the logits score an example's choices (the choice head), whose F1 of class 1 would be that
+  of "choice 2", not a metric of the task."""
   logits_BN = outputs['logits'].astype(jnp.float32)
   labels_B = batch['labels']
   weights_B = batch['example_weights'].astype(jnp.float32)
@@ -62,7 +64,7 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
     predicted_B = logits_BN.argmax(-1)
     metrics['accuracy'] = lm.pair(
         _weighted_sum((predicted_B == labels_B).astype(jnp.float32), weights_B), num_examples)
-    if logits_BN.shape[-1] == 2:
+    if logits_BN.shape[-1] == 2 and not choices:
       predicted_B, positive_B = predicted_B == 1, labels_B == 1
       for name, value_B in zip(_CONFUSION, (predicted_B & positive_B, predicted_B & ~positive_B,
                                             ~predicted_B & positive_B,

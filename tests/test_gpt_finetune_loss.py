@@ -157,6 +157,13 @@ def test_multiple_choice_is_a_softmax_over_the_choices():
   loss, metrics = gpt_finetune.loss_fn({'logits': logits}, batch)
   np.testing.assert_allclose(loss, (-_log_softmax(logits[0])[3] + math.log(4)) / 2, rtol=1e-6)
   np.testing.assert_allclose(metrics['accuracy'], [1, 2])  # argmax of a tie is choice 0
+  # Two choices (PIQA): no F1 or Matthews correlation of "choice 2".
+  _, metrics = gpt_finetune.loss_fn({'logits': logits[:, :2]}, batch | {
+      'labels': np.array([1, 0], np.int32)}, choices=True)
+  assert 'true_pos' not in metrics and 'f1' not in gpt_finetune.summarize(metrics)
+  _, metrics = gpt_finetune.loss_fn({'logits': logits[:, :2]}, batch | {
+      'labels': np.array([1, 0], np.int32)})  # two classes: what a classifier reports
+  assert 'true_pos' in metrics
 
 
 def _accumulate(steps):

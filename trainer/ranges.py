@@ -302,6 +302,7 @@ RANGES: dict[str, Any] = {
     'loss.label_smoothing': Interval(0, 1, open_high=True, what="the target's share given to "
                                                                  'the other classes'),
     'loss.lm_coef': NONNEGATIVE,
+    'loss.choices': Free('derived from data.task by configs/gpt_finetune.py'),
     'loss.normalize': OneOf(_constant('objectives.seq2seq', 'NORMALIZE'),
                             'a loss normalization'),
     'loss.mix_l2_coef': NONNEGATIVE,
