@@ -643,7 +643,8 @@ class PostLNBlock(nn.Module):
     y_BLD = MultiHeadAttention(
         self.num_heads, D // self.num_heads, self.attention_dropout_rate,
         self.init_stddev, self.dtype, decode=self.decode, kernel_init=self.kernel_init,
-        use_bias=self.attention_bias, name='attention')(x_BLD, x_BLD, mask_B11S, deterministic=deterministic)
+        use_bias=self.attention_bias, name='attention')(x_BLD, x_BLD, mask_B11S,
+                                                        deterministic=deterministic)
     y_BLD = Dropout(self.dropout_rate)(y_BLD, deterministic=deterministic)
     x_BLD = layer_norm(self.layer_norm_eps, self.dtype, 'attention_ln')(x_BLD + y_BLD)
     y_BLD = Mlp(self.mlp_dim, self.init_stddev, self.dtype, self.approximate_gelu,

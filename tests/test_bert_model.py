@@ -109,7 +109,8 @@ def test_explicit_path_scores_in_float32_as_the_fused_one_in_bfloat16():
   attention = layers.MultiHeadAttention(H, D // H, dropout_rate=1e-9, dtype=jnp.bfloat16)
   x = jax.random.normal(jax.random.key(1), (B, L, D))
   mask = layers.padding_mask(jnp.ones((B, L), jnp.int32))
-  params = nn.meta.unbox(attention.init(jax.random.key(0), x, x, mask, deterministic=True))['params']
+  params = nn.meta.unbox(
+      attention.init(jax.random.key(0), x, x, mask, deterministic=True))['params']
   # Large scores (about 20, as after training) make bfloat16's rounding of them matter.
   params = {**params, **{n: {**params[n], 'kernel': params[n]['kernel'] * 8}
                          for n in ('query', 'key')}}

@@ -6,13 +6,14 @@ config.logical_axis_rules maps them to the mesh axes (data, fsdp, tensor).
 
 import math
 import os
-import re
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from trainer import slices
 
 BATCH_AXES = ('data', 'fsdp')
 
@@ -93,10 +94,7 @@ def _gpus_of_one_task_per_node() -> list[int] | None:
   if tasks_here != '1':
     return None
   visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-  if visible:
-    return list(range(len(visible.split(','))))
-  count = len([n for n in os.listdir('/dev') if re.fullmatch(r'nvidia\d+', n)]) if os.path.isdir(
-      '/dev') else 0
+  count = len(visible.split(',')) if visible else len(slices.local_devices('gpu'))
   return list(range(count)) or None
 
 
