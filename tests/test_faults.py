@@ -412,26 +412,27 @@ def test_a_run_resumes_on_another_mesh(data_dir, tmp_path, first, then):
                      rtol=1e-4, atol=1e-6)
 
 
+class Counting:
+  """Data shard s of a stream: example i of it is 1000 * s + i."""
+
+  def __init__(self, shard, batch_size, workers):
+    del workers  # made here
+    self.shard, self.batch_size, self.position = shard, batch_size, 0
+
+  def __next__(self):
+    rows = 1000 * self.shard + self.position + np.arange(self.batch_size)
+    self.position += self.batch_size
+    return {'x': rows}
+
+  def get_state(self):
+    return {'position': self.position}
+
+  def set_state(self, state):
+    self.position = state['position']
+
+
 def test_data_shards_give_the_same_global_batches_on_any_number_of_hosts():
   """Two shards read by 2 hosts, by 1 host, and split over 4 hosts: the same global batches."""
-
-  class Counting:
-    """Shard s of a stream: example i of it is 1000 * s + i."""
-
-    def __init__(self, shard, batch_size, workers):
-      del workers  # made here
-      self.shard, self.batch_size, self.position = shard, batch_size, 0
-
-    def __next__(self):
-      rows = 1000 * self.shard + self.position + np.arange(self.batch_size)
-      self.position += self.batch_size
-      return {'x': rows}
-
-    def get_state(self):
-      return {'position': self.position}
-
-    def set_state(self, state):
-      self.position = state['position']
 
   def global_batches(hosts, steps=3, state=None):
     streams = [input_pipeline.ShardedStream(Counting, num_shards=2, global_batch=8,
@@ -490,22 +491,10 @@ def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
   one_device = (('data', 1), ('fsdp', 1), ('tensor', 1))
   assert sharding.batch_layout(sharding.make_mesh(one_device, jax.devices()[:1])) is None
 
-  class Numbered:
-    """Data shard s: example i of it is 1000 * s + i."""
-
-    def __init__(self, shard, batch_size, workers):
-      del workers
-      self.shard, self.batch_size, self.position = shard, batch_size, 0
-
-    def __next__(self):
-      rows = 1000 * self.shard + self.position + np.arange(self.batch_size)
-      self.position += self.batch_size
-      return {'x': rows}
-
   B, per_block = 16, 2
   shard_rows = sharding.shard_rows(layout, 2, B)
   streams = {p: input_pipeline.ShardedStream(
-      Numbered, num_shards=2, global_batch=B, process_index=p, process_count=2,
+      Counting, num_shards=2, global_batch=B, process_index=p, process_count=2,
       rows=sharding.process_rows(mesh, B, p), shard_rows=shard_rows) for p in held}
   assert {p: list(s._shards) for p, s in streams.items()} == {0: [0], 1: [1]}  # its own alone
   local = {p: next(s)['x'] for p, s in streams.items()}
@@ -520,7 +509,7 @@ def test_a_tpu_slices_hosts_feed_the_rows_their_chips_hold(monkeypatch):
         np.concatenate([placed[b * per_block:(b + 1) * per_block] for b in sorted(held[p])]),
         1000 * p + np.arange(B // 2))
   # One host resuming the run (its layout saved with the checkpoints): the same global batch.
-  one_host = next(input_pipeline.ShardedStream(Numbered, num_shards=2, global_batch=B,
+  one_host = next(input_pipeline.ShardedStream(Counting, num_shards=2, global_batch=B,
                                                process_index=0, process_count=1,
                                                shard_rows=shard_rows))['x']
   np.testing.assert_array_equal(one_host, placed)
