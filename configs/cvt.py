@@ -56,7 +56,8 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict(MODELS[size])
   config.model.num_labels = tuple(tagging.num_labels(tagging.task_spec(t), encoding)
                                   for t in tasks)
-  config.model.max_characters_per_token = 20  # cvt_text's max_word_length
+  # cvt_text's max_word_length of 20 characters, and the begin- and end-of-word markers.
+  config.model.max_characters_per_token = 22
   config.model.labeled_dropout_rate = 0.5  # cvt_text: keep_prob 0.5 on labeled batches
   config.model.unlabeled_dropout_rate = 0.2  # and 0.8 for the students on unlabeled ones
   config.model.dtype = 'auto'
@@ -79,6 +80,9 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   config.data.tokenizer = 'words'
   config.data.vocab_file = ''  # learned from the unlabeled text when empty
   config.data.lower_case = False
+  # Word ids of lower-cased words, each digit 0 (cvt_text's normalize_word: 'Paris' and 'paris'
+  # one vector, every year '0000'); the char CNN still reads the word as written.
+  config.data.normalize_words = True
   config.data.docs_per_chunk = 100 if tiny else 1000
   common.set_text_source(config.data)  # the unlabeled text
   if tiny:
@@ -101,6 +105,9 @@ def get_config(arg: str = 'conll2003') -> ml_collections.ConfigDict:
   # A module outside a step's loss (the primary ones on unlabeled batches, the auxiliary ones
   # on labeled batches) keeps its weights and momentum, as TF leaves them in cvt_text.
   config.optimizer.skip_without_gradient = True
+  # And a word or character not in a step's batch keeps its row and momentum: cvt_text reads
+  # the tables by embedding_lookup, whose gradients TF's momentum applies row by row.
+  config.optimizer.sparse_rows = ('encoder/word_embed/embedding', 'encoder/char_cnn/char_embed')
 
   batch_size = 32 if tiny else 64
   # Tiny: 1600 steps (800 labeled, 800 unlabeled). At 800 the auxiliary modules had not

@@ -1,8 +1,8 @@
 """Cross-View Training's biLSTM tagger: a primary module and four restricted views (Clark et al. 2018).
 
-Encoder (sec. 3.1, cvt_text's sizes by default): a word embedding
-concatenated with a char CNN's max-pooled filters, then two biLSTM layers
-with projections. The first layer's forward and backward states h1_fw, h1_bw
+Encoder (sec. 3.1, cvt_text's sizes by default): a word embedding (times a
+learned scalar, cvt_text's emb_scale) concatenated with a char CNN's
+max-pooled filters, then two biLSTM layers with projections. The first layer's forward and backward states h1_fw, h1_bw
 feed the auxiliary modules; the primary module reads [h1_fw; h1_bw; h2]. A
 prediction module is softmax(W ReLU(W' x + b') + b) (sec. 2). The auxiliary
 views of token i (sec. 3.1, sequence tagging): forward h1_fw[i], backward
@@ -109,6 +109,10 @@ class Encoder(nn.Module):
     words_BLX = layers.Embed(cfg.vocab_size, cfg.word_dim, ('vocab', 'embed'),
                              nn.initializers.normal(cfg.word_dim ** -0.5), dtype,
                              name='word_embed')(batch['token_ids'])
+    # cvt_text scales the word vectors by a learned scalar (its emb_scale), from 1.
+    emb_scale = self.param('emb_scale', nn.with_logical_partitioning(
+        nn.initializers.ones_init(), ()), (), jnp.float32)
+    words_BLX = words_BLX * emb_scale.astype(dtype)
     chars_BLX = char_cnn.CharCNN(char_dim=cfg.char_dim, filters=cfg.filters, num_highway=0,
                                  output_dim=0, dtype=dtype, name='char_cnn')(batch['char_ids'])
     x_BLX = drop(jnp.concatenate([words_BLX, chars_BLX.astype(dtype)], axis=-1))

@@ -7,6 +7,7 @@ from configs import cvt as cvt_configs
 from input_pipeline import cvt
 from input_pipeline import tagging
 import input_pipeline
+from input_pipeline.common import words as words_lib
 from input_pipeline.tasks import synthetic_tagging
 
 
@@ -42,6 +43,29 @@ def test_bio_to_bioes_on_hand_made_sentences():
   assert tagging.num_labels(task, 'BIOES') == 17  # cvt_text's CoNLL NER label set
   assert tagging.label_names(tagging.TASKS['conll2003_pos'], 'BIOES') == (
       tagging.CONLL2003_POS_TAGS)  # no chunks: nothing to add
+
+
+def test_word_ids_are_normalized_and_characters_are_not(config, vocab, tmp_path):
+  """cvt_text looks words up by normalize_word (lower-cased, each digit 0) and spells them
+  as written for the char CNN, up to max_word_length = 20 characters."""
+  assert config.data.normalize_words and vocab.normalize
+  assert all(w == words_lib.normalize_word(w) for w in vocab.words)
+  path = words_lib.learn_word_vocab(['Paris in 1996 .', 'paris 2001 said'], 20,
+                                str(tmp_path / 'words_lib.txt'), normalize=True)
+  learned = words_lib.WordVocab(path, normalize=True)
+  assert {'paris', '0000'} <= set(learned.words) and 'Paris' not in learned.words
+  W = cvt_configs.get_config('tiny').data.max_characters_per_token
+  ids_a, chars_a = learned.sentence(['Paris', '1996'], W)
+  ids_b, chars_b = learned.sentence(['paris', '2001'], W)
+  np.testing.assert_array_equal(ids_a, ids_b)
+  assert ids_a[0] == words_lib.BOS_ID and ids_a[-1] == words_lib.EOS_ID
+  assert (chars_a != chars_b).any()
+  letters = words_lib.char_ids(['abcdefghijklmnopqrst'], W)[0]
+  assert ((letters >= 1) & (letters <= 256)).sum() == 20
+  cased = words_lib.learn_word_vocab(['Paris in 1996 .'], 20, str(tmp_path / 'cased.txt'))
+  with pytest.raises(ValueError, match='normalize_words') as error:
+    words_lib.WordVocab(cased, normalize=True)
+  assert '\n' not in str(error.value)
 
 
 def test_labeled_and_unlabeled_batches_alternate_with_the_ratio():

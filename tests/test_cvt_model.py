@@ -65,8 +65,9 @@ def test_param_tree_and_output_shapes(setup):
   model, params = setup
   assert sorted(params) == sorted(
       ['encoder'] + [f'task_{t}_{m}' for t in (0, 1) for m in ('primary', *cvt.AUX_VIEWS)])
-  assert sorted(params['encoder']) == ['char_cnn', 'first_backward', 'first_forward',
-                                       'second_backward', 'second_forward', 'word_embed']
+  assert sorted(params['encoder']) == ['char_cnn', 'emb_scale', 'first_backward',
+                                       'first_forward', 'second_backward', 'second_forward',
+                                       'word_embed']
   assert 'projection_kernel' not in params['encoder']['char_cnn']  # pooled filters only
   out = _apply(model)(params, _batch(False), jax.random.key(1))
   assert [x.shape for x in out['primary_logits']] == [(B, L, 5), (B, L, 3)]
@@ -74,6 +75,21 @@ def test_param_tree_and_output_shapes(setup):
   assert out['aux_logits'][1]['past'].shape == (B, L, 3)
   evaluated = jax.jit(lambda p, b: model.apply({'params': p}, b))(params, _batch(True))
   assert 'aux_logits' not in evaluated
+
+
+def test_word_vectors_are_scaled_by_a_learned_scalar_from_one(setup):
+  # cvt_text's encoder.py: word_embeddings *= tf.get_variable('emb_scale', initializer=1.0).
+  model, params = setup
+  assert np.shape(params['encoder']['emb_scale']) == () and params['encoder']['emb_scale'] == 1
+  primary = jax.jit(lambda p: model.apply({'params': p}, _batch(True))['primary_logits'][0])
+  def encoder_with(**changes):
+    return {**params, 'encoder': {**params['encoder'], **changes}}
+  table = params['encoder']['word_embed']['embedding']
+  no_scale = primary(encoder_with(emb_scale=jnp.zeros(())))
+  np.testing.assert_allclose(
+      no_scale, primary(encoder_with(word_embed={'embedding': jnp.zeros_like(table)})),
+      atol=1e-6)
+  assert not np.allclose(no_scale, primary(params), atol=1e-4)
 
 
 def _view_sensitivity(model, params, view):

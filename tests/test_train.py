@@ -333,6 +333,41 @@ def test_a_cvt_module_outside_the_steps_loss_keeps_its_weights_and_momentum():
   np.testing.assert_allclose(params['primary'], 1.0 - 0.1 * 1.0 - 0.1 * 1.9, rtol=1e-6)
 
 
+def test_a_cvt_table_row_outside_the_batch_keeps_its_value_and_momentum():
+  """cvt_text reads its word and char tables by embedding_lookup: TF's momentum updates the
+  rows in the batch alone (SparseApplyMomentum), a dense variable whole."""
+  opt = cvt_configs.get_config('tiny').optimizer
+  opt.update(clip_norm=1e9)
+  word, char = opt.sparse_rows
+  assert (word, char) == ('encoder/word_embed/embedding', 'encoder/char_cnn/char_embed')
+  tx = trainer.optimizer.make_optimizer(opt, lambda step: 0.1)
+  params = {'encoder': {'word_embed': {'embedding': np.ones((3, 2), np.float32)},
+                        'char_cnn': {'char_embed': np.ones((2, 2), np.float32)}},
+            'dense': np.ones((3, 2), np.float32)}
+  trainer.optimizer.check_sparse_rows(opt.sparse_rows, params)
+  with pytest.raises(ValueError, match='sparse_rows') as error:
+    trainer.optimizer.check_sparse_rows(('encoder/word_embed',), params)
+  assert '\n' not in str(error.value)
+
+  def grads(row):
+    g = np.zeros((3, 2), np.float32)
+    g[row] = 1.0
+    return {'encoder': {'word_embed': {'embedding': g}, 'char_cnn': {'char_embed': g[:2]}},
+            'dense': g}
+  state = tx.init(params)
+  for row in (0, 1, 0):
+    updates, state = tx.update(grads(row), state, params)
+    params = optax.apply_updates(params, updates)
+  table = params['encoder']['word_embed']['embedding']
+  # Row 0: steps 1 and 3 (momentum 0.9 * 1 + 1 at step 3, not decayed at step 2); row 1: step
+  # 2; row 2 never. The dense variable's rows move on every step once they have momentum.
+  np.testing.assert_allclose(table[:, 0], [1 - 0.1 - 0.19, 1 - 0.1, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(params['encoder']['char_cnn']['char_embed'][:, 0],
+                             [1 - 0.1 - 0.19, 1 - 0.1], rtol=1e-6)
+  np.testing.assert_allclose(params['dense'][:, 0],
+                             [1 - 0.1 - 0.09 - 0.1 * 1.81, 1 - 0.1 - 0.09, 1.0], rtol=1e-6)
+
+
 def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
   # Vaswani et al. 2017, eq. 3: d^-0.5 min(step^-0.5, step warmup^-1.5), d = 512, warmup 4000.
   opt = ml_collections.ConfigDict(dict(learning_rate=512 ** -0.5 * 4000 ** -0.5,

@@ -163,7 +163,7 @@ def _as_json(value: Any) -> Any:
 # state's form or the ids the data is read as (the model's are checked on its parameters:
 # check_resumable_params).
 _RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'tokenizer'),
-                  ('data', 'lower_case'), ('data', 'split_words'))
+                  ('data', 'lower_case'), ('data', 'split_words'), ('data', 'normalize_words'))
 
 
 def _saved_config(directory: str, what: str) -> dict[str, Any] | None:

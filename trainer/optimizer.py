@@ -88,15 +88,26 @@ def _select_per_parameter(new: Any, old: Any, live: Any, structure) -> Any:
   return new
 
 
-def skip_without_gradient(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+def skip_without_gradient(inner: optax.GradientTransformation, rows: tuple[str, ...] = ()
+                          ) -> optax.GradientTransformation:
   """`inner`, except that a parameter whose gradient is all zero in a step neither moves nor
   has its state (a momentum) change in it, as TF's apply_gradients leaves a variable that the
   step's loss has no gradient for (cvt_text's modules outside the step's loss: the primary
   ones on an unlabeled batch, the auxiliary ones on a labeled one). Without it, SGD's momentum
-  moves them on every step and decays per global step."""
+  moves them on every step and decays per global step.
+
+  The tables named in `rows` (optimizer.sparse_rows) are held row by row: a row with no
+  gradient (a word not in the batch) keeps its value and momentum, as TF's sparse update of a
+  table read by embedding_lookup (SparseApplyMomentum) does.
+  """
+  def liveness(path, g):
+    if param_name(path) in rows:
+      return jnp.any(g != 0, axis=tuple(range(1, g.ndim)), keepdims=True)
+    return jnp.any(g != 0)
+
   def update(updates, state, params=None):
     new_updates, new_state = inner.update(updates, state, params)
-    live = jax.tree.map(lambda g: jnp.any(g != 0), updates)
+    live = jax.tree_util.tree_map_with_path(liveness, updates)
     new_state = _select_per_parameter(new_state, state, live, jax.tree.structure(updates))
     return jax.tree.map(lambda u, alive: jnp.where(alive, u, jnp.zeros_like(u)),
                         new_updates, live), new_state
@@ -121,14 +132,30 @@ def make_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransform
   # clip_norm 0 clips nothing (the Transformer's recipe has no clipping).
   tx = (optax.chain(optax.clip_by_global_norm(opt_cfg.clip_norm), update) if opt_cfg.clip_norm
         else update)
+  rows = tuple(opt_cfg.get('sparse_rows', ()))
+  if rows and not opt_cfg.get('skip_without_gradient'):
+    raise ValueError(f'optimizer.sparse_rows={rows} holds rows without gradient only with '
+                     'optimizer.skip_without_gradient=True: set it, or sparse_rows=().')
   if opt_cfg.get('skip_without_gradient'):
-    tx = skip_without_gradient(tx)
+    tx = skip_without_gradient(tx, rows)
   frozen = tuple(opt_cfg.get('frozen', ()))
   if not frozen:
     return tx
   # Frozen parameters get no update at all, not even weight decay (ELMo's frozen biLM, sec. 3.3).
   return optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()},
                                frozen_labels(frozen))
+
+
+def check_sparse_rows(rows: tuple[str, ...], params: Any) -> None:
+  """Each optimizer.sparse_rows name is a table of the model (a parameter's whole path, at
+  least two-dimensional), so that a typo cannot hold nothing."""
+  shapes = {param_name(path): x.shape
+            for path, x in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]}
+  for name in rows:
+    if len(shapes.get(name, ())) < 2:
+      tables = [n for n, shape in shapes.items() if len(shape) >= 2]
+      raise ValueError(f'optimizer.sparse_rows names {name!r}, which is no table of the model: '
+                       f'use the whole path of a parameter read by rows, such as {tables[0]!r}.')
 
 
 def check_frozen(frozen: tuple[str, ...], params: Any) -> None:

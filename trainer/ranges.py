@@ -288,6 +288,8 @@ RANGES: dict[str, Any] = {
     'optimizer.initial_accumulator_value': NONNEGATIVE,
     'optimizer.frozen': Free('parameter paths, checked against the model by '
                              'trainer/optimizer.check_frozen'),
+    'optimizer.sparse_rows': Free('parameter paths, checked against the model by '
+                                  'trainer/optimizer.check_sparse_rows'),
     # train.
     'train.batch_size': POSITIVE_INT,
     'train.num_steps': POSITIVE_INT,

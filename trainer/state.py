@@ -18,7 +18,8 @@ import input_pipeline
 from trainer import checkpoints
 from trainer import sharding
 from trainer.checks import model_config
-from trainer.optimizer import check_frozen, learning_rate_schedule, make_optimizer
+from trainer.optimizer import check_frozen, check_sparse_rows, learning_rate_schedule
+from trainer.optimizer import make_optimizer
 from trainer.steps import make_eval_step, make_train_step
 
 
@@ -30,8 +31,8 @@ class TrainState:
 
 
 def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
-                 frozen: tuple[str, ...] = (), materialize: bool = True
-                 ) -> tuple[TrainState, Any]:
+                 frozen: tuple[str, ...] = (), materialize: bool = True,
+                 sparse_rows: tuple[str, ...] = ()) -> tuple[TrainState, Any]:
   """Initializes params and optimizer state directly on their shards; without `materialize`,
   the state's shapes, dtypes and shardings only (jax.ShapeDtypeStruct leaves, nothing run)."""
   def init(rng):
@@ -42,6 +43,7 @@ def create_state(model: nn.Module, tx, example_batch, seed: int, mesh, rules,
   with nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init, rng)
   check_frozen(frozen, abstract.params)  # before anything is compiled
+  check_sparse_rows(sparse_rows, abstract.params)
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   if not materialize:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -71,7 +73,8 @@ def build(config, mesh, materialize: bool = True
   state, state_shardings = create_state(model, tx, example, config.seed, mesh,
                                         config.logical_axis_rules,
                                         tuple(config.optimizer.get('frozen', ())),
-                                        materialize)
+                                        materialize,
+                                        tuple(config.optimizer.get('sparse_rows', ())))
   predict = (objective.predict if config.data.pipeline in input_pipeline.SCORED
              and hasattr(objective, 'predict') else None)
   return (objective, schedule, state,

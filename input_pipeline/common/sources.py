@@ -455,6 +455,9 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                        'point data.vocab_file at the vocabulary of that casing.')
     return _open(tokenizer_class, data_cfg.vocab_file, data_cfg)
   casing = 'uncased' if data_cfg.lower_case and kind != 'words' else 'cased'
+  normalize = kind == 'words' and bool(data_cfg.get('normalize_words'))
+  if normalize:
+    casing = 'normalized'  # lower-cased, digits 0 (words.normalize_word)
   split = words_lib.split_of(data_cfg) if kind == 'words' else 'punctuation'
   if split != 'punctuation':
     casing += f'-{split}'  # other words, another vocabulary
@@ -470,7 +473,7 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                                 data_cfg.lower_case, path)
     elif kind == 'words':
       words_lib.learn_word_vocab(itertools.islice(sentences, WORD_VOCAB_MAX_SENTENCES),
-                                 vocab_size, path, split)
+                                 vocab_size, path, split, normalize)
     else:
       # Whole documents, as packed_lm encodes them: a sentence's first word then
       # has the leading space it has in the model's input.
@@ -482,9 +485,11 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
 
 
 def _open(tokenizer_class, path: str, data_cfg: ml_collections.ConfigDict):
-  """The vocabulary at `path`; a word vocabulary reads texts as data.split_words says."""
+  """The vocabulary at `path`; a word vocabulary reads texts as data.split_words and
+  data.normalize_words say."""
   if tokenizer_class is words_lib.WordVocab:
-    return words_lib.WordVocab(path, split=words_lib.split_of(data_cfg))
+    return words_lib.WordVocab(path, split=words_lib.split_of(data_cfg),
+                               normalize=bool(data_cfg.get('normalize_words')))
   return tokenizer_class(path, data_cfg.lower_case)
 
 

@@ -4,7 +4,10 @@ The biLM reads each word through its characters (so no word is unknown to
 the input) and predicts word ids from a vocabulary of frequent words (rarer
 ones are <UNK>). Vocabulary layout as bilm-tf's: 0 '<S>', 1 '</S>', 2
 '<UNK>', then words by descending frequency (ties in order of first
-appearance). ELMo is cased: data.lower_case is ignored.
+appearance). ELMo is cased: data.lower_case is ignored. data.normalize_words
+(CVT's, as cvt_text's normalize_word) looks each word up lower-cased with
+every digit 0 ('Paris' and 'paris' one entry, '1996' and '2001' both
+'0000'); its characters stay as written.
 
 Character ids, allennlp's ELMoCharacterMapper (bilm-tf's ids plus one, so 0
 is free for padding); W = data.max_characters_per_token:
@@ -81,6 +84,15 @@ def word_tokens(text: str, split: str = 'punctuation') -> list[str]:
   return text.split() if split == 'spaces' else _WORD.findall(text)
 
 
+_DIGIT = re.compile('[0-9]')  # cvt_text's \d on Python 2 without re.UNICODE: ASCII digits
+
+
+def normalize_word(word: str) -> str:
+  """The vocabulary entry of a word under data.normalize_words: lower-cased, each digit 0
+  (cvt_text's normalize_word); the sentence markers and <UNK> stay as they are."""
+  return word if word in SPECIAL_WORDS else _DIGIT.sub('0', word.lower())
+
+
 def char_ids(words: Sequence[str], max_characters: int) -> np.ndarray:
   """(len(words), W) int32 character ids of each word; '<S>' and '</S>' are the sentence markers.
 
@@ -130,20 +142,28 @@ class WordVocab:
 
   FILE_NAME = 'words.txt'
 
-  def __init__(self, vocab_file: str, lower_case: bool = False, split: str = 'punctuation'):
+  def __init__(self, vocab_file: str, lower_case: bool = False, split: str = 'punctuation',
+               normalize: bool = False):
     del lower_case  # ELMo is cased; the argument keeps the constructor of the other tokenizers
     self.vocab_file = vocab_file
     self.lower_case = False
     self.split = split  # data.split_words: how words_of reads a text
+    self.normalize = normalize  # data.normalize_words: ids of normalize_word(word)
     self._words = _read_words(vocab_file)
+    if normalize and (odd := next((w for w in self._words if normalize_word(w) != w), None)):
+      raise ValueError(f'{vocab_file!r} has {odd!r}, which data.normalize_words never looks up '
+                       '(words are lower-cased, digits 0): point data.vocab_file at a '
+                       'vocabulary of normalized words, or set data.normalize_words=False.')
     self._ids = {word: i for i, word in enumerate(self._words)}
     self.vocab_size = len(self._words)
     self.bos_id, self.eos_id, self.unk_id = BOS_ID, EOS_ID, UNK_ID
     self.pad_id = 0  # padding positions also hold <S>'s id; lengths say where rows end
 
   def ids(self, words: Iterable[str]) -> np.ndarray:
-    """int32 ids of the words, <UNK> for the words not in the vocabulary."""
-    return np.array([self._ids.get(word, self.unk_id) for word in words], np.int32)
+    """int32 ids of the words (normalized first under data.normalize_words), <UNK> for the
+    words not in the vocabulary."""
+    key = normalize_word if self.normalize else (lambda word: word)
+    return np.array([self._ids.get(key(word), self.unk_id) for word in words], np.int32)
 
   def word(self, i: int) -> str:
     return self._words[int(i)]
@@ -180,21 +200,24 @@ class WordVocab:
     return self.ids(framed), char_ids(framed, max_characters), lengths
 
 
-def count_words(texts: Iterable[str], split: str = 'punctuation') -> collections.Counter:
-  """How often each word of the texts occurs, in order of first appearance."""
+def count_words(texts: Iterable[str], split: str = 'punctuation', normalize: bool = False
+                ) -> collections.Counter:
+  """How often each word of the texts occurs (normalize: each normalize_word), in order of
+  first appearance."""
   counts = collections.Counter()
   for text in texts:
-    counts.update(word_tokens(text, split))
+    words = word_tokens(text, split)
+    counts.update(map(normalize_word, words) if normalize else words)
   return counts
 
 
 def learn_word_vocab(texts: Iterable[str], vocab_size: int, path: str,
-                     split: str = 'punctuation') -> str:
+                     split: str = 'punctuation', normalize: bool = False) -> str:
   """Writes the specials and the vocab_size - 3 most frequent words of the texts; returns path.
 
   Fewer lines when the texts have fewer distinct words.
   """
-  return write_word_vocab(count_words(texts, split), vocab_size, path)
+  return write_word_vocab(count_words(texts, split, normalize), vocab_size, path)
 
 
 def write_word_vocab(counts: collections.Counter, vocab_size: int, path: str) -> str:
