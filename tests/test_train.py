@@ -375,7 +375,17 @@ def test_transformer_schedule_is_the_papers_and_clip_norm_zero_clips_nothing():
   schedule = trainer.optimizer.learning_rate_schedule(opt, 100_000)
   steps = np.array([1, 1000, 4000, 16_000, 100_000])
   expected = 512 ** -0.5 * np.minimum(steps ** -0.5, steps * 4000 ** -1.5)
-  np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-5)
+  # The schedule reads optax's count, 0 at the first update, which is eq. 3's step_num 1.
+  np.testing.assert_allclose([float(schedule(s - 1)) for s in steps], expected, rtol=1e-5)
+  # The first update moves the weights (tensor2tensor's noam rate at step_num 0 + 1).
+  from configs import transformer_wmt  # pylint: disable=import-outside-toplevel
+  config = transformer_wmt.get_config('tiny')
+  tx = trainer.optimizer.make_optimizer(
+      config.optimizer,
+      trainer.optimizer.learning_rate_schedule(config.optimizer, config.train.num_steps))
+  params = {'w': np.ones(3, np.float32)}
+  updates, _ = tx.update({'w': np.ones(3, np.float32)}, tx.init(params), params)
+  assert (np.asarray(updates['w']) < 0).all()
   opt.update(name='sgd', momentum=0.0, clip_norm=0.0)
   tx = trainer.optimizer.make_optimizer(opt, lambda step: 1.0)
   updates, _ = tx.update({'w': np.float32(50.0)}, tx.init({'w': np.float32(0.0)}))

@@ -24,7 +24,8 @@ def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
   cvt_text's lr * min(step / warmup, 1) / (1 + decay_rate * sqrt(step)) (the decay
   applies during the warmup too). 'rsqrt' is Vaswani et al.'s
   d^-0.5 min(step^-0.5, step warmup^-1.5) with its peak d^-0.5 warmup^-0.5 as
-  optimizer.learning_rate: lr * min(step / warmup, sqrt(warmup / step)).
+  optimizer.learning_rate: lr * min(step / warmup, sqrt(warmup / step)), its step_num
+  counting from 1 (optax's count + 1).
   """
   lr, warmup = opt_cfg.learning_rate, opt_cfg.warmup_steps
   kind = opt_cfg.get('schedule', 'linear')
@@ -34,8 +35,10 @@ def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
     return lambda step: lr * ramp(step) / (1.0 + decay_rate * jnp.sqrt(step))
 
   if kind == 'rsqrt':
-    return lambda step: lr * jnp.minimum(step / max(warmup, 1),
-                                         jnp.sqrt(max(warmup, 1) / jnp.maximum(step, 1)))
+    # optax counts updates from 0, eq. 3 its step_num from 1 (tensor2tensor's noam: step + 1):
+    # the first update is at step_num 1, not at rate 0.
+    return lambda step: lr * jnp.minimum((step + 1) / max(warmup, 1),
+                                         jnp.sqrt(max(warmup, 1) / (step + 1)))
 
   def schedule(step):
     done = jnp.minimum(step, num_steps) / num_steps
