@@ -106,7 +106,7 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
     total_ce, total_count = total_ce + ce, total_count + count
   loss = total_ce / jnp.maximum(total_count, 1e-6)
   metrics['supervised_loss'] = lm.pair(total_ce, total_count)
-  metrics['loss'] = lm.pair(loss, 1.0)
+  metrics['loss'] = lm.pair(loss * total_count, total_count)  # one mean: trainer/steps.py
   return loss, metrics
 
 
@@ -121,7 +121,7 @@ def _consistency(outputs, batch, tasks):
       metrics[f'{name}_{view}_loss'] = lm.pair(view_loss, 1.0)
       loss = loss + view_loss
   metrics['consistency_loss'] = lm.pair(loss, 1.0)
-  metrics['loss'] = lm.pair(loss, 1.0)
+  metrics['loss'] = lm.pair(loss, 1.0)  # a sum of means over other tokens: trainer/steps.py
   return loss, metrics
 
 

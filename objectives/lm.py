@@ -291,7 +291,7 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
   loss, nll, count, correct = output_stats(outputs, 'lm', batch['targets'], weights,
                                            weights / jnp.maximum(count, 1.0))
   return loss, {'lm_loss': pair(nll, count), 'lm_accuracy': pair(correct, count),
-                'loss': pair(loss, 1.0)}
+                'loss': pair(loss * count, count)}  # one mean: trainer/steps.py
 
 
 _REPORT_ORDER = ('loss', 'lm_loss', 'lm_accuracy', 'lm_perplexity')

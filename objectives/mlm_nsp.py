@@ -39,6 +39,7 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]
     loss += nsp_nll_B.mean()
     metrics['nsp_loss'] = _pair(nsp_nll_B.sum(), num_examples)
     metrics['nsp_accuracy'] = _pair((nsp_BT.argmax(-1) == nsp_labels_B).sum(), num_examples)
+  # Two means over other counts (predictions, sequences): trainer/steps.py.
   metrics['loss'] = _pair(loss, 1.0)
   return loss, metrics
 

@@ -67,7 +67,8 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   divisor = count if normalize == 'tokens' else sentences(batch)
   loss = ce_sum / jnp.maximum(divisor, 1.0)
   nll, _, correct = lm.token_stats(logits_BLV, targets_BL, weights_BL)
-  return loss, {'loss': lm.pair(loss, 1.0), 'smoothed_loss': lm.pair(ce_sum, count),
+  # One mean, over `divisor` (trainer/steps.py weighs micro-batches by it).
+  return loss, {'loss': lm.pair(loss * divisor, divisor), 'smoothed_loss': lm.pair(ce_sum, count),
                 'nll': lm.pair(nll, count), 'token_accuracy': lm.pair(correct, count)}
 
 

@@ -30,7 +30,8 @@ def test_hand_computed_loss_and_accuracy():
   np.testing.assert_allclose(np.asarray(metrics['lm_loss']), [3 * want, 3], rtol=1e-6)
   # argmax is class 2 everywhere: only the first target is right.
   np.testing.assert_allclose(np.asarray(metrics['lm_accuracy']), [1, 3])
-  np.testing.assert_allclose(np.asarray(metrics['loss']), [want, 1], rtol=1e-6)
+  # One mean over 3 tokens: the pair micro-batches weigh by (objectives/__init__.py).
+  np.testing.assert_allclose(np.asarray(metrics['loss']), [3 * want, 3], rtol=1e-6)
 
 
 @pytest.mark.parametrize('garbage', [1e30, -1e30, np.inf, np.nan])

@@ -1,5 +1,6 @@
 """The training system: learning on the embedded corpus, sharding parity, exact resume, NaN stop."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from configs import common
 from configs import cove as cove_configs
 from configs import cvt as cvt_configs
 from configs import gpt_finetune as finetune_configs
@@ -24,6 +26,7 @@ import trainer.loop
 import trainer.optimizer
 import trainer.stop
 import trainer.state
+import trainer.steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -182,6 +185,48 @@ def test_gradient_accumulation_matches_full_batch(data_dir):
   # MLM counts differ between micro-batches, so the mean of means differs slightly.
   np.testing.assert_allclose(accum_losses, full_losses, rtol=2e-2)
   np.testing.assert_allclose(accum_norms, full_norms, rtol=5e-2)
+
+
+class _TokenModel(nn.Module):
+  """Logits of each target position from a table row of its token: a loss with a gradient."""
+  config: object = None
+
+  @nn.compact
+  def __call__(self, batch, deterministic=True):
+    del deterministic
+    table = self.param('table', nn.initializers.normal(1.0), (8, 8))
+    return {'logits': table[batch['target_ids']]}
+
+
+def test_micro_batches_of_different_token_counts_give_the_whole_batchs_gradient():
+  """train.grad_accum_steps is a memory setting: a loss that is one mean over tokens (the
+  Transformer's, a tagger's) weighs each micro-batch by its tokens, as the whole batch's mean
+  (and tensor2tensor's sum over shards over their token count) does."""
+  from objectives import seq2seq  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict({'seed': 0, 'train': {'grad_accum_steps': 1}})
+  common.set_mesh_and_rules(config)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  # The strided split puts rows 0 and 2 (13 tokens) in one micro-batch, 1 and 3 (3) in the other.
+  lengths = np.array([7, 1, 6, 2])
+  ids = np.where(np.arange(8)[None] < lengths[:, None],
+                 np.arange(1, 33).reshape(4, 8) % 7 + 1, 0).astype(np.int32)
+  batch = {'target_ids': ids}
+  model, tx = _TokenModel(), optax.sgd(1.0)
+  loss_fn = functools.partial(seq2seq.loss_fn, label_smoothing=0.1)
+  params = {}
+  for accum in (1, 2):
+    config.train.grad_accum_steps = accum
+    state, shardings = trainer.state.create_state(model, tx, batch, 0, mesh,
+                                                  config.logical_axis_rules)
+    step = trainer.steps.make_train_step(model, loss_fn, tx, config, mesh, shardings)
+    with jax.set_mesh(mesh):
+      state, metrics = step(state, sharding.global_batch(batch, mesh))
+    params[accum] = np.asarray(state.params['table'])
+    assert float(metrics['loss'][1]) == lengths.sum()  # the tokens of both micro-batches
+  before = np.asarray(trainer.state.create_state(model, tx, batch, 0, mesh,
+                                                 config.logical_axis_rules)[0].params['table'])
+  assert not np.allclose(params[1], before)
+  np.testing.assert_allclose(params[2], params[1], rtol=1e-5, atol=1e-6)
 
 
 # In the fast tier, tests/test_phases.py resumes BERT exactly at a phase change and

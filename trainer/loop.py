@@ -248,7 +248,9 @@ def _add_on_device(window: dict[str, Any] | None, metrics: dict[str, jax.Array],
   sums = dict(window['sums'])
   for name, value in metrics.items():
     sums[name] = sums[name] + value if name in sums else value
-  loss, grad_norm = metrics['loss'][0], metrics['grad_norm'][0]
+  # A loss pair is (loss x n, n): objectives/__init__.py.
+  loss = metrics['loss'][0] / jnp.maximum(metrics['loss'][1], 1e-6)
+  grad_norm = metrics['grad_norm'][0]
   first = (window['bad_step'] == 0) & ~jnp.isfinite(loss + grad_norm)
   return {'sums': sums,
           'bad_step': jnp.where(first, step, window['bad_step']),

@@ -132,9 +132,16 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
       if accum == 1:
         (_, metrics), grads = grad_fn(state.params, batch, rng)
       else:
+        # Each micro-batch's gradient weighs by the count n of its metrics['loss'] pair
+        # (objectives/__init__.py): sum_i n_i grad(loss_i) / sum_i n_i is the gradient of the
+        # whole batch's mean when the loss is one mean over n (tokens of a translation or a
+        # tagging batch, whose micro-batches hold different numbers); a sum of means (MLM +
+        # NSP) reports n = 1, the mean of the micro-batches' gradients, as BERT's reference
+        # averages its TPU cores'.
         def micro_step(micro, micro_rng):
           (_, m), g = grad_fn(state.params, micro, micro_rng)
-          return g, m
+          n = m['loss'][1]
+          return jax.tree.map(lambda x: x * n.astype(x.dtype), g), m
         micros = micro_batches(batch)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
             micro_step, jax.tree.map(lambda x: x[0], micros), rng))
@@ -142,7 +149,8 @@ def make_train_step(model, loss_fn, tx, config, mesh, state_shardings) -> Callab
           i, micro = xs
           return jax.tree.map(jnp.add, carry, micro_step(micro, jax.random.fold_in(rng, i))), None
         (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micros))
-        grads = jax.tree.map(lambda g: g / accum, grads)
+        total = jnp.maximum(metrics['loss'][1], 1e-6)
+        grads = jax.tree.map(lambda g: g / total.astype(g.dtype), grads)
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
       metrics['grad_norm'] = jnp.stack([optax.global_norm(grads), 1.0])
