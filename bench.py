@@ -4,9 +4,14 @@
     python bench.py --config=configs/bert_base.py:mini --profile=/tmp/bert_profile
     python bench.py --config=configs/bert_base.py:base --input_only --config.data.workers=2
 
-Figures: steady-state seconds per step (compile excluded), tokens/s, analytic
-model FLOPs per step, achieved FLOP/s, MFU against the chip's published dense
-peak in the model's compute dtype (trainer/peaks.py: H100, H200, A100, TPU v4,
+The step is timed on one synthetic batch of the pipeline's spec that stays on the devices
+(input_pipeline.example_batch: BERT's rows as full as pretraining's), so the step time
+leaves the host's input out; --input_seconds measures that apart.
+
+Figures: steady-state seconds per step (compile excluded), tokens/s (batch x
+data.max_seq_length positions, x num_choices, padding included: a translation
+pair's one side), analytic model FLOPs per step, achieved FLOP/s, MFU against
+the chip's published dense peak in the model's compute dtype (trainer/peaks.py: H100, H200, A100, TPU v4,
 v5e, v5p, v6e) or, on a CPU or another chip, against the matmul peak measured
 here in that dtype; that measured peak and the MFU against it always; compile
 seconds, peak memory, page faults per step, and the training input's

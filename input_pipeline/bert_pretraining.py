@@ -316,12 +316,18 @@ class PretrainingIterator(chunked.ChunkedIterator):
 
 def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int,
                     max_predictions: int, vocab_size: int) -> dict[str, np.ndarray]:
-  """A random batch of the spec above; ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK] (sec. 3.1)."""
+  """A random batch of the spec above; ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK] (sec. 3.1).
+
+  Rows are as full as pretraining's: seq_len tokens, but one in ten (short_seq_prob, 0.1 in
+  the reference) of a length drawn from 5..seq_len, so that a benchmark's attention (cuDNN's
+  skips padding) does the work a real batch needs.
+  """
   if seq_len < 5 or not 1 <= max_predictions <= seq_len:
     raise ValueError(f'synthetic_batch needs seq_len >= 5 and 1 <= max_predictions <= seq_len, '
                      f'got {seq_len} and {max_predictions}.')
   col = np.arange(seq_len)[None, :]
-  length = rng.integers(5, seq_len, endpoint=True, size=(batch_size, 1))
+  length = np.where(rng.random((batch_size, 1)) < 0.1,
+                    rng.integers(5, seq_len, endpoint=True, size=(batch_size, 1)), seq_len)
   len_a = rng.integers(1, length - 4, endpoint=True)  # leaves B at least one token
   is_sep = (col == len_a + 1) | (col == length - 1)
   real = col < length

@@ -5,7 +5,11 @@
 OpenAIGPTLMHeadModel at configs/gpt.py's base sizes (12 layers, 768 wide, 12 heads, 40,478
 words, 512 positions), dropout 0.1 (residual, embedding, attention), the loss over every next
 token in float32, bfloat16 autocast, fused AdamW (decay 0.01 off biases and gains), gradients
-clipped at global norm 1.0; eager or under torch.compile. One JSON line: mean seconds per step
+clipped at global norm 1.0; eager or under torch.compile. Its attention is PyTorch's fused
+scaled_dot_product_attention, causal, with the dropout inside (--attention=sdpa, the default):
+the library's OpenAI GPT has no SDPA path and writes every (batch, head, query, key) score to
+memory (--attention=eager, what the peer ran before 2026-12-02), so it is no fair peer of a
+fused kernel (the BERT peer runs SDPA). One JSON line: mean seconds per step
 over --steps after 5 warm-up steps, steps run ahead with one synchronization at the end (as
 bench.py lets them run ahead).
 """
@@ -13,9 +17,31 @@ bench.py lets them run ahead).
 import argparse
 import json
 import time
+import types
 
 import torch
 from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+from transformers.models.openai.modeling_openai import Attention
+
+
+def use_sdpa(model: torch.nn.Module) -> torch.nn.Module:
+  """`model` with each attention layer's scores, mask, softmax and dropout in one call of
+  torch's scaled_dot_product_attention (causal; dropout at the layer's attention rate while
+  training); the same function as the library's, within rounding."""
+  def attend(layer, q, k, v, attention_mask=None, output_attentions=False):
+    if attention_mask is not None or output_attentions:
+      raise ValueError('the SDPA peer takes no attention mask and returns no attention weights')
+    # The library passes k transposed, (batch, heads, head_dim, length).
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k.transpose(-1, -2), v, is_causal=True,
+        dropout_p=layer.attn_dropout.p if layer.training else 0.0,
+        scale=None if layer.scale else 1.0)
+    return [out]
+
+  for module in model.modules():
+    if isinstance(module, Attention):
+      module._attn = types.MethodType(attend, module)  # pylint: disable=protected-access
+  return model
 
 
 def main():
@@ -26,12 +52,15 @@ def main():
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--dropout', type=float, default=0.1)
   parser.add_argument('--mode', choices=('eager', 'compile'), default='compile')
+  parser.add_argument('--attention', choices=('sdpa', 'eager'), default='sdpa')
   args = parser.parse_args()
   torch.manual_seed(0)
   torch.backends.cuda.matmul.allow_tf32 = True
   model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(
       vocab_size=40478, n_positions=512, n_embd=768, n_layer=args.layers, n_head=12,
       resid_pdrop=args.dropout, embd_pdrop=args.dropout, attn_pdrop=args.dropout)).cuda()
+  if args.attention == 'sdpa':
+    use_sdpa(model)
   model.train()
   gains_and_biases = [p for p in model.parameters() if p.ndim == 1]
   matrices = [p for p in model.parameters() if p.ndim > 1]
@@ -70,6 +99,7 @@ def main():
   seconds = (time.perf_counter() - start) / args.steps
   print(json.dumps({
       'peer': f'torch-{args.mode}', 'model': 'OpenAIGPTLMHeadModel', 'torch': torch.__version__,
+      'attention': args.attention,
       'gpu': torch.cuda.get_device_name(), 'batch': args.batch_size, 'seq': args.seq_len,
       'dropout': args.dropout, 'step_seconds': round(seconds, 5),
       'tokens_per_sec': round(args.batch_size * args.seq_len / seconds),

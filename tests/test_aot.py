@@ -53,6 +53,9 @@ def _check_sharded_step(report, mesh):
                                         if report['platform'] == 'gpu' else {})
   assert 0 < report['total_bytes'] < report['usable_hbm_bytes'] <= report['hbm_bytes']
   assert report['step_seconds'] > 0 and 0 < report['mfu_bound'] <= 1
+  # A TPU's is a roofline at the full peaks; a GPU's the kernels' sum at their efficiencies.
+  assert report['mfu_bound_is'] == ('an estimate' if report['platform'] == 'gpu'
+                                    else 'an upper bound')
   # The collectives' time over ICI or NVLink comes on top of the compute roofline.
   assert report['collective_seconds'] > 0 and report['step_seconds'] == pytest.approx(
       report['compute_seconds'] + report['collective_seconds'])

@@ -66,6 +66,7 @@ def test_mfu_divides_by_the_chips_published_peak_in_the_compute_dtype():
   assert bench.mfu_reference('NVIDIA H100 80GB HBM3', 'float32', 169e12)[0] == 494.5e12
   assert bench.mfu_reference('NVIDIA H100 PCIe', 'bfloat16', 1.0)[0] == 756e12
   assert bench.mfu_reference('NVIDIA H200', 'float16', 1.0)[0] == 989e12
+  assert bench.mfu_reference('NVIDIA H200 NVL', 'bfloat16', 1.0)[0] == 835e12
   assert bench.mfu_reference('NVIDIA A100-SXM4-80GB', 'bfloat16', 1.0)[0] == 312e12
   tpus = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5': 459e12, 'TPU v6 lite': 918e12}
   for kind, flops in tpus.items():  # the device kinds libtpu reports (aot.py's topologies)

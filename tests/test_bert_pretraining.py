@@ -486,3 +486,6 @@ def test_synthetic_batch_follows_the_spec():
     assert_valid_batch(batch, 64, length, predictions)
     assert (batch['input_ids'] < 300).all()
   assert (batch['input_mask'] == 0).any() and (batch['masked_lm_weights'] == 0).any()
+  # As full as pretraining's rows (bench.py times it): 1 in 10 short (short_seq_prob).
+  mask = bert_pretraining.synthetic_batch(rng, 256, 128, 20, vocab_size=300)['input_mask']
+  assert 0.9 < mask.mean() < 0.99 and 0.8 < mask.all(axis=1).mean() < 0.97

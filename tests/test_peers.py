@@ -66,6 +66,38 @@ def test_a_peer_prints_one_json_line(script, args):
   assert 0 < result['final_loss'] < 20
 
 
+@pytest.mark.slow
+def test_the_gpu_gpt_peer_attends_in_one_fused_call_with_the_librarys_function():
+  """HF's OpenAI GPT writes every score to memory: the GPU peer swaps in SDPA (causal, its
+  dropout inside), the same function; checked here on the CPU."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import gpt_torch_gpu  # pylint: disable=import-outside-toplevel
+  config = gpt_torch_gpu.OpenAIGPTConfig(vocab_size=50, n_positions=16, n_embd=16, n_layer=2,
+                                         n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)
+  torch.manual_seed(0)
+  stock = gpt_torch_gpu.OpenAIGPTLMHeadModel(config).eval()
+  fused = gpt_torch_gpu.OpenAIGPTLMHeadModel(config).eval()
+  fused.load_state_dict(stock.state_dict())
+  gpt_torch_gpu.use_sdpa(fused)
+  scores = []
+  for layer in fused.modules():
+    if isinstance(layer, gpt_torch_gpu.Attention):
+      layer.attn_dropout.register_forward_hook(lambda m, i, o: scores.append(o.shape))
+  tokens = torch.randint(50, (2, 12), generator=torch.Generator().manual_seed(1))
+  with torch.no_grad():
+    torch.testing.assert_close(fused(input_ids=tokens).logits, stock(input_ids=tokens).logits,
+                               rtol=1e-5, atol=1e-5)
+  assert not scores  # no (batch, heads, length, length) tensor went through a dropout module
+  # Training: the dropout is SDPA's own, at the layer's rate.
+  config.attn_pdrop = 1.0 - 1e-6
+  dropped = gpt_torch_gpu.use_sdpa(gpt_torch_gpu.OpenAIGPTLMHeadModel(config).train())
+  layer = next(m for m in dropped.modules() if isinstance(m, gpt_torch_gpu.Attention))
+  q = k = v = torch.ones(1, 2, 4, 8)
+  attend = layer._attn  # pylint: disable=protected-access
+  assert torch.count_nonzero(attend(q, k.transpose(-1, -2), v)[0]) == 0
+
+
 PTX = '''
 .visible .entry flash_dropout_forward(
 \t.param .u64 flash_dropout_forward_param_0

@@ -29,6 +29,8 @@ PEAKS = {
                      'TFLOPS with sparsity; dense is half'),
     'h100': Peak(989e12, 494.5e12, 'NVIDIA H100 datasheet (SXM5): BF16 1,979 and TF32 989 '
                  'TFLOPS with sparsity; dense is half'),
+    'h200 nvl': Peak(835e12, 417.5e12, 'NVIDIA H200 product page (NVL): BF16 1,671 and TF32 835 '
+                     'TFLOPS with sparsity; dense is half'),
     'h200': Peak(989e12, 494.5e12, 'NVIDIA H200 datasheet (SXM): BF16 1,979 and TF32 989 TFLOPS '
                  'with sparsity; dense is half'),
     'a100': Peak(312e12, 156e12, 'NVIDIA A100 datasheet: BF16 312 and TF32 156 TFLOPS dense'),
