@@ -86,14 +86,18 @@ def mfu_reference(device_kind: str, dtype: str, measured: float) -> tuple[float,
   return measured, f'{dtype} matmul peak measured here on {device_kind}'
 
 
-def peak_memory(device=None) -> tuple[int | None, str]:
-  """The most memory held so far and what it is: the device allocator's high-water mark on an
-  accelerator (None where the backend reports none), the process's peak resident memory on a
-  CPU (Python, libraries and host arrays included)."""
-  device = device or jax.local_devices()[0]
-  stats = device.memory_stats() or {}
-  if 'peak_bytes_in_use' in stats:
-    return int(stats['peak_bytes_in_use']), f'{device.platform} peak_bytes_in_use'
+def peak_memory(devices=None) -> tuple[int | None, str]:
+  """The most memory held so far (since the process started: the state's initialization
+  too) and what it is: on an accelerator the largest of the local devices' allocator
+  high-water marks (with FSDP or tensor sharding device 0 need not hold the most; None where
+  the backend reports none), on a CPU the process's peak resident memory (Python, libraries
+  and host arrays included)."""
+  devices = list(devices or jax.local_devices())
+  peaks = [(d.memory_stats() or {}).get('peak_bytes_in_use') for d in devices]
+  device = devices[0]
+  if all(p is not None for p in peaks):
+    return int(max(peaks)), (f'{device.platform} peak_bytes_in_use, the most of '
+                             f'{len(peaks)} local devices')
   if device.platform != 'cpu':
     return None, f'not reported by this {device.platform} backend (memory_stats)'
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'host process max RSS'

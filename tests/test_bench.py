@@ -189,7 +189,11 @@ def test_peak_memory_says_what_it_is():
     def memory_stats(self):
       return self.stats
 
-  assert bench.peak_memory(Device('gpu', {'peak_bytes_in_use': 7})) == (7, 'gpu peak_bytes_in_use')
-  assert bench.peak_memory(Device('gpu', None))[0] is None  # never the host's memory
-  bytes_, source = bench.peak_memory(Device('cpu', {}))
+  one = [Device('gpu', {'peak_bytes_in_use': 7})]
+  assert bench.peak_memory(one) == (7, 'gpu peak_bytes_in_use, the most of 1 local devices')
+  # Sharded state: device 0 need not hold the most.
+  two = one + [Device('gpu', {'peak_bytes_in_use': 9})]
+  assert bench.peak_memory(two) == (9, 'gpu peak_bytes_in_use, the most of 2 local devices')
+  assert bench.peak_memory([Device('gpu', None)])[0] is None  # never the host's memory
+  bytes_, source = bench.peak_memory([Device('cpu', {})])
   assert bytes_ > 2 ** 20 and source == 'host process max RSS'
