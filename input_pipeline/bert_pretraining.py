@@ -220,6 +220,8 @@ def create_masked_lm_predictions(
     in_budget = np.arange(order.shape[1]) < num_to_predict[:, None]
     np.put_along_axis(chosen, order, in_budget, axis=1)
   else:
+    # Deviation: a '##' piece right after [SEP] (B cut at its front mid-word) starts a word;
+    # the reference, skipping [SEP] before it looks back, glues it to A's last word.
     previous_eligible = np.pad(eligible[:, :-1], ((0, 0), (1, 0)))
     word_start = eligible & ~(is_continuation[input_ids] & previous_eligible)
     chosen = _choose_whole_words(keys, eligible, word_start, num_to_predict)
