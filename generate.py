@@ -11,7 +11,9 @@ at the next one; a model that never trained that token (openai-gpt converted
 by convert_checkpoint.py, and runs fine-tuned from it: GPT-1 had none)
 continues the prompt alone for --max_new_tokens. Tokens that are not text
 (padding, the fine-tuning delimiters) are never drawn. Works on a pretraining
-or a fine-tuning workdir.
+or a fine-tuning workdir. A prompt and its continuation stay within the
+positions the run trained (configs/gpt.py's tiny trains 128 of its 512, whose
+other rows never had a gradient), unless --allow_untrained_positions.
 """
 
 import sys
@@ -27,6 +29,7 @@ from models import decoding
 from models import gpt
 from trainer import checkpoints
 from trainer import cli
+from trainer import phases
 import trainer.state
 
 
@@ -36,8 +39,25 @@ def load_run(workdir: str) -> tuple[ml_collections.ConfigDict, gpt.Model, dict, 
                                     'generate.py (configs/gpt.py, configs/gpt_finetune.py)')
 
 
+def check_length(longest: int, max_new_tokens: int, table: int, trained: int | None,
+                 allow_untrained: bool = False) -> None:
+  """A prompt of `longest` tokens and `max_new_tokens` more fit the position table and, unless
+  allowed, the positions the run trained (None: the checkpoint does not say)."""
+  if longest + max_new_tokens > table:
+    raise ValueError(f'A prompt of {longest} tokens plus --max_new_tokens={max_new_tokens} '
+                     f'exceeds the {table} positions: shorten the prompt or lower '
+                     '--max_new_tokens.')
+  trained = min(trained or table, table)
+  if longest + max_new_tokens > trained and not allow_untrained:
+    raise ValueError(f'A prompt of {longest} tokens plus --max_new_tokens={max_new_tokens} '
+                     f'goes past the positions 0-{trained - 1} the run trained (the rest of '
+                     f'its {table} never had a gradient): use --max_new_tokens='
+                     f'{max(trained - longest, 0)} or less, or --allow_untrained_positions to '
+                     'go on.')
+
+
 def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float,
-             top_k: int, seed: int) -> list[str]:
+             top_k: int, seed: int, allow_untrained_positions: bool = False) -> list[str]:
   """Each prompt with its continuation, decoded to text."""
   config, model, params, tokenizer = load_run(workdir)
   # Only convert_checkpoint.py's openai-gpt says False; older checkpoints say nothing (None).
@@ -48,10 +68,8 @@ def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperatu
     raise ValueError(f'{workdir} never trained the end-of-text token that would start an empty '
                      'prompt (a converted openai-gpt): give every --prompt some text.')
   longest = max(map(len, ids))
-  if longest + max_new_tokens > config.model.max_position_embeddings:
-    raise ValueError(f'A prompt of {longest} tokens plus --max_new_tokens={max_new_tokens} '
-                     f'exceeds the {config.model.max_position_embeddings} positions: shorten '
-                     'the prompt or lower --max_new_tokens.')
+  check_length(longest, max_new_tokens, config.model.max_position_embeddings,
+               phases.trained_positions(workdir), allow_untrained_positions)
   if temperature < 0 or top_k < 0:
     raise ValueError('--temperature and --top_k must be 0 or more.')
   prompt_BL = np.full((len(ids), longest), tokenizer.pad_id, np.int32)
@@ -84,7 +102,8 @@ def main(argv):
     sys.exit('generate.py: error: pass --workdir=DIR and --prompt="...".')
   try:
     texts = generate(f.workdir, f.prompt, max_new_tokens=f.max_new_tokens,
-                     temperature=f.temperature, top_k=f.top_k, seed=f.seed)
+                     temperature=f.temperature, top_k=f.top_k, seed=f.seed,
+                     allow_untrained_positions=f.allow_untrained_positions)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'generate.py: error: {e}')
   for text in texts:
@@ -98,4 +117,6 @@ if __name__ == '__main__':
   flags.DEFINE_float('temperature', 0.0, 'Sampling temperature; 0 decodes greedily.')
   flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens; 0 = all.')
   flags.DEFINE_integer('seed', 0, 'Random seed of the sampling.')
+  flags.DEFINE_bool('allow_untrained_positions', False, 'Decode past the positions the run '
+                    'trained (their rows never had a gradient).')
   app.run(main)

@@ -171,3 +171,17 @@ def test_too_long_generation_is_refused():
   with pytest.raises(ValueError, match='max_position_embeddings'):
     decoding.sample(model, _params(model), jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
                     max_new_tokens=19, rng=jax.random.key(0))
+
+
+def test_generation_stays_within_the_positions_the_run_trained():
+  """configs/gpt.py's tiny trains 128 of its 512 positions: generate.py refuses to decode into
+  rows that never had a gradient, in one line naming the fix, unless told to go on."""
+  import generate  # pylint: disable=import-outside-toplevel
+  generate.check_length(100, 28, table=512, trained=128)
+  generate.check_length(100, 28, table=512, trained=None)  # a checkpoint that does not say
+  with pytest.raises(ValueError, match='--max_new_tokens=28 or less') as error:
+    generate.check_length(100, 29, table=512, trained=128)
+  assert '\n' not in str(error.value) and 'allow_untrained_positions' in str(error.value)
+  generate.check_length(100, 29, table=512, trained=128, allow_untrained=True)
+  with pytest.raises(ValueError, match='exceeds the 512 positions'):
+    generate.check_length(500, 13, table=512, trained=512, allow_untrained=True)
