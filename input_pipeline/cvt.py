@@ -208,8 +208,8 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
   iterators = []
   for t, task in enumerate(data_cfg.tasks):
     examples = load_task(data_cfg, task, split, tokenizer)
-    make_batch = functools.partial(labeled_batch, examples, max_length=data_cfg.max_seq_length,
-                                   task_id=t)
+    make_batch = functools.partial(labeled_batch, examples, task_id=t,
+                                   max_length=tagging.batch_length(data_cfg, examples, split))
     iterators.append(example_iterator.ExampleIterator(
         len(examples), make_batch, split=split, batch_size=batch_size, seed=seed + t,
         process_index=process_index, process_count=process_count, name=task))

@@ -1,9 +1,12 @@
 """Sequence tagging examples for ELMo's task models (Peters et al. 2018, sec. 3.3, 5.1 NER).
 
 A sentence is the biLM's input, framed <S> words </S>, and has one tag per
-word. Sentences longer than data.max_seq_length - 2 words lose their last
-words. Feature spec of a host-local batch (numpy, static shapes; B batch,
-L = data.max_seq_length, W = data.max_characters_per_token):
+word. Training sentences longer than data.max_seq_length - 2 words lose their
+last words; eval sentences are kept whole, their batches as long as the
+split's longest (eval_length), so that span F1 and accuracy count every gold
+tag, as conlleval scores the whole file. Feature spec of a host-local batch
+(numpy, static shapes; B batch, L = data.max_seq_length, or eval_length for
+eval, W = data.max_characters_per_token):
 
   token_ids        int32   (B, L)     word ids (input_pipeline/common/words.py), 0 at padding
   char_ids         int32   (B, L, W)  character ids of each token, 0 at padding
@@ -258,7 +261,7 @@ def batch_arrays(examples: Examples, indices: np.ndarray, example_weights: np.nd
 
 def load_examples(data_cfg: ml_collections.ConfigDict, split: str,
                   vocab: words_lib.WordVocab) -> Examples:
-  """All examples of the task's split, framed and truncated."""
+  """All examples of the task's split, framed; training ones truncated to max_seq_length."""
   if split not in ('train', 'eval'):
     raise ValueError(f"Unknown split {split!r}: use 'train' or 'eval'.")
   task = validate(data_cfg)
@@ -275,10 +278,19 @@ def load_examples(data_cfg: ml_collections.ConfigDict, split: str,
   if not sentences:
     raise ValueError(f'Task {data_cfg.task!r} has no {split!r} sentences: check the dataset, '
                      'or lower data.eval_holdout for an offline task.')
-  max_words = data_cfg.max_seq_length - 2
-  sentences, tags = [s[:max_words] for s in sentences], [t[:max_words] for t in tags]
+  if split == 'train':
+    max_words = data_cfg.max_seq_length - 2
+    sentences, tags = [s[:max_words] for s in sentences], [t[:max_words] for t in tags]
   framed = vocab.frame_sentences(sentences, data_cfg.max_characters_per_token)
   return make_examples(*framed, tags)
+
+
+def batch_length(data_cfg: ml_collections.ConfigDict, examples: Examples, split: str) -> int:
+  """L of the split's batches: data.max_seq_length, or for eval the longest framed sentence
+  if longer (the models read any length; eval's step compiles for its own shape)."""
+  if split == 'train' or not len(examples):
+    return data_cfg.max_seq_length
+  return max(data_cfg.max_seq_length, int(examples.lengths.max()))
 
 
 def tfds_sentences(name: str, data_cfg: ml_collections.ConfigDict,
@@ -365,7 +377,8 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *,
                  process_index: int = 0, process_count: int = 1) -> example_iterator.ExampleIterator:
   """Batches of data.task's `split` ('train' endless and reshuffled, 'eval' in passes)."""
   examples = load_examples(data_cfg, split, tokenizer)
-  make_batch = functools.partial(batch_arrays, examples, max_length=data_cfg.max_seq_length)
+  make_batch = functools.partial(batch_arrays, examples,
+                                 max_length=batch_length(data_cfg, examples, split))
   return example_iterator.ExampleIterator(
       len(examples), make_batch, split=split, batch_size=batch_size, seed=seed,
       process_index=process_index, process_count=process_count, name=data_cfg.task,

@@ -206,20 +206,23 @@ def test_conll2003_batches(tmp_path, vocab):
   assert labels.tolist() == [0, 3, 0, 7, 0, 0, 0, 0]
   np.testing.assert_array_equal(rows[4][1], [0, 1, 2, 0, 0, 0, 0, 0])
 
-  # One eval pass covers each dev sentence once, on one host or the other.
+  # One eval pass covers each dev sentence once, on one host or the other, whole: its batches
+  # are as long as the longest dev sentence (11 words + 2), so no gold tag leaves the metric.
   assert [it.steps_per_epoch for it in hosts] == [2, 2]  # ceil(ceil(5 / 2) / 2)
-  seen = []
+  seen, tags = [], []
   for it in hosts:
     for _ in range(it.steps_per_epoch):
       batch = next(it)
-      assert_valid_batch(batch, 2, 8, 8, 9)
+      assert_valid_batch(batch, 2, 13, 8, 9)
       real = batch['example_weights'] == 1
       assert set(batch['example_weights'].tolist()) <= {0.0, 1.0}
       # The dev words are not in the vocabulary: read them from their characters.
       seen += [tuple(_spelled(c) for c in chars[1:n - 1])
                for chars, n in zip(batch['char_ids'][real], batch['lengths'][real])]
-  # Words of 6 characters at most (W = 8), 6 words at most (L = 8).
-  assert sorted(seen) == sorted(tuple(w[:6] for w in text.split()[:6]) for text, _ in CONLL['dev'])
+      tags += [tuple(t[1:n - 1]) for t, n in zip(batch['labels'][real], batch['lengths'][real])]
+  # Words of 6 characters at most (W = 8), every word and tag of the sentence.
+  assert sorted(seen) == sorted(tuple(w[:6] for w in text.split()) for text, _ in CONLL['dev'])
+  assert sorted(tags) == sorted(tuple(t) for _, t in CONLL['dev'])
 
 
 def test_check_config_errors_name_the_fix(tmp_path):
