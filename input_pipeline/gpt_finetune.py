@@ -113,8 +113,12 @@ TASKS: dict[str, Task] = {
                              eval_split='validation_mismatched'),
     'qnli': _glue('entailment', 2, 'qnli', 'question', 'sentence'),
     'rte': _glue('entailment', 2, 'rte', 'sentence1', 'sentence2'),
-    # SNLI's label -1 marks pairs without a gold label; they are dropped.
+    # SNLI's label -1 marks pairs without a gold label; they are dropped. 'snli' evaluates on
+    # its validation (dev) split; the papers' SNLI figures (GPT table 2, ELMo's, CoVe's) are of
+    # its test split, which has labels: 'snli_test', trained alike.
     'snli': Task('entailment', 3, tfds_name='snli', text_fields=('premise', 'hypothesis')),
+    'snli_test': Task('entailment', 3, tfds_name='snli', text_fields=('premise', 'hypothesis'),
+                      eval_split='test'),
     'stsb': _glue('similarity', 1, 'stsb', 'sentence1', 'sentence2'),
     'qqp': _glue('similarity', 2, 'qqp', 'question1', 'question2'),
     'mrpc': _glue('similarity', 2, 'mrpc', 'sentence1', 'sentence2'),

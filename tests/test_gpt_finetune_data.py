@@ -1,6 +1,7 @@
 """Tests of GPT's fine-tuning examples, Radford et al. 2018 sec. 3.3 and figure 1."""
 
 import collections
+import dataclasses
 
 import ml_collections
 import numpy as np
@@ -486,3 +487,14 @@ def test_tfds_drops_examples_without_a_gold_label_and_checks_features(tmp_path, 
         'classification', 2, tfds_name='glue/sst2', text_fields=('text',)))
     with pytest.raises(ValueError, match="no feature 'text' for task 'sst2'.*sentence, label, idx"):
       gpt_finetune.tfds_examples('sst2', _data_cfg(tmp_path), 'train')
+
+
+def test_snli_test_scores_the_papers_split_and_snli_the_dev_one():
+  """GPT (table 2), ELMo and CoVe report SNLI's test accuracy; its TFDS test split has labels."""
+  tasks = gpt_finetune.TASKS
+  assert tasks['snli'].eval_split == 'validation' and tasks['snli_test'].eval_split == 'test'
+  assert dataclasses.replace(tasks['snli_test'], eval_split='validation') == tasks['snli']
+  from configs import bert_finetune as bert_configs  # pylint: disable=import-outside-toplevel
+  from configs import gpt_finetune as gpt_configs  # pylint: disable=import-outside-toplevel
+  for configs in (gpt_configs, bert_configs):
+    assert configs.TRAIN_EXAMPLES['snli_test'] == configs.TRAIN_EXAMPLES['snli']
