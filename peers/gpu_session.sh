@@ -15,7 +15,9 @@
 #      dropout masks the two paths drop the same elements: only rounding parts them); 10: the
 #      step's profile, its top kernels beside aot.py's estimate (CUDA graphs off, so this step's
 #      time is not the others'); 11: the kernels at other tiles and warps (each variant's line as
-#      it comes: tuning, which a deadline may cut); 12: our kernel under scan_layers.
+#      it comes: tuning, which a deadline may cut); 12: our kernel under scan_layers; 13: the GPT-1
+#      peer with the library's unfused attention, as the sessions before 2026-12-02 measured it
+#      (7 is the fair peer since: torch's fused SDPA with its dropout inside).
 set -u
 cd "$(dirname "$0")/.."
 [ -f .gpu/on_gpu.sh ] || { echo "no .gpu/: run bash ../shared/gpu/prepare.sh and carry .gpu"; exit 2; }
@@ -40,4 +42,5 @@ DEADLINE=${DEADLINE:-550} exec bash .gpu/on_gpu.sh \
   "$CURVE $GPT --config.model.attention=xla" \
   "$checked XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 bench.py --config=configs/bert_base.py:base --config.train.batch_size=256 --input_seconds=0 --steps=10 --profile=/tmp/profile_bert" \
   "$checked python3 peers/flash_dropout_gpu.py variants" \
-  "$checked $CURVE configs/bert_base.py:base 100 --config.train.batch_size=256 --config.model.attention=triton --config.model.scan_layers=True $SETTINGS"
+  "$checked $CURVE configs/bert_base.py:base 100 --config.train.batch_size=256 --config.model.attention=triton --config.model.scan_layers=True $SETTINGS" \
+  "python3 peers/gpt_torch_gpu.py --batch_size=64 --mode=compile --attention=eager"
