@@ -433,8 +433,28 @@ def write_workdir(workdir: str, config, params, vocab_file: str) -> None:
   mngr.close()
 
 
+def check_hf_output(workdir: str, output: str) -> None:
+  """--output is a directory of its own: not a file, not the run's workdir nor any run's (its
+  config.json would be replaced by HF's, and the run could no longer be resumed or read)."""
+  if os.path.exists(output) and not os.path.isdir(output):
+    raise ValueError(f'--output={output} is a file: pass a new directory.')
+  same = os.path.exists(output) and os.path.samefile(output, workdir)
+  saved = os.path.join(output, 'config.json')
+  holds_run = os.path.isdir(os.path.join(output, 'checkpoints'))
+  if not holds_run and os.path.isfile(saved):
+    try:
+      with open(saved, encoding='utf-8') as f:
+        holds_run = 'model_name' in json.load(f)
+    except (OSError, ValueError):
+      holds_run = True  # not HF's either: leave it alone
+  if same or holds_run:
+    raise ValueError(f'--output={output} holds a training run (its checkpoints or config.json), '
+                     'which HF\'s config.json would replace: pass a new directory.')
+
+
 def export_hf(workdir: str, output: str) -> str:
   """Writes a BERT workdir as an HF BertForPreTraining directory; returns a summary."""
+  check_hf_output(workdir, output)
   config, _, params, tokenizer = trainer.state.load_trained(workdir, 'bert', '--to=hf')
   # HF truncates to, and warns beyond, a tokenizer's model_max_length: the trained positions.
   trained = min(phases.trained_positions(workdir) or config.model.max_position_embeddings,
@@ -501,7 +521,7 @@ def main(argv):
       raise ValueError('pass --from=hf|tf|bilm --input=DIR --workdir=DIR, --from=cove '
                        '--input=FILE.pth --glove=FILE --workdir=DIR, or --to=hf --workdir=DIR '
                        '--output=DIR.')
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:  # OSError: a path that is a file, unwritable, ...
     sys.exit(f'convert_checkpoint.py: error: {e}')
   print(summary, flush=True)
 

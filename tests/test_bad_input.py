@@ -363,3 +363,15 @@ def test_a_checkpoint_with_parameters_the_model_no_longer_has_is_refused(tmp_pat
     trainer.state.load_trained(whole, 'gpt', 'test')
   _, _, unused = checkpoints.restore_params(whole, target)  # a fine-tuning: a head left out
   assert unused == ['old_head/kernel']
+
+
+def test_a_config_json_of_no_run_of_ours_is_one_line(tmp_path):
+  """An HF export's config.json (or any other) in a workdir: no traceback, no 'a None run'."""
+  (tmp_path / 'config.json').write_text('{"model_type": "bert"}')
+  (tmp_path / 'checkpoints' / '1').mkdir(parents=True)
+  with pytest.raises(ValueError, match='no train.py') as error:
+    checks.check_workdir(bert_config('tiny'), str(tmp_path))
+  assert '\n' not in str(error.value) and 'None' not in str(error.value)
+  assert checkpoints.exist(str(tmp_path))
+  with pytest.raises(ValueError, match='no train.py'):  # extract_features.py, generate.py ...
+    trainer.state.load_trained(str(tmp_path), 'bert', 'test')

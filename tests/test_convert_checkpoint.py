@@ -468,3 +468,24 @@ def test_bad_input_is_one_line(hf_bert, hf_gpt, bert_workdir, tmp_path):
   assert result.stderr.strip().splitlines() == [
       f'convert_checkpoint.py: error: --input={tmp_path}/missing is not a directory: pass a '
       'checkpoint directory.']
+
+
+def test_an_export_never_writes_into_a_training_run(tmp_path):
+  """HF's config.json would replace the run's: it could no longer be resumed or read."""
+  run = tmp_path / 'run'
+  (run / 'checkpoints').mkdir(parents=True)
+  (run / 'config.json').write_text(json.dumps({'model_name': 'bert'}))
+  other = tmp_path / 'other'  # a run whose checkpoints were moved aside: its config.json
+  other.mkdir()
+  (other / 'config.json').write_text(json.dumps({'model_name': 'gpt'}))
+  (tmp_path / 'file').write_text('x')
+  for output, why in ((run, 'training run'), (other, 'training run'),
+                      (tmp_path / 'file', 'is a file')):
+    with pytest.raises(ValueError, match=why) as error:
+      convert_checkpoint.check_hf_output(str(run), str(output))
+    assert '\n' not in str(error.value)
+  hf = tmp_path / 'hf'  # an earlier export of HF's own: model.safetensors decides there
+  hf.mkdir()
+  (hf / 'config.json').write_text(json.dumps({'model_type': 'bert'}))
+  convert_checkpoint.check_hf_output(str(run), str(hf))
+  convert_checkpoint.check_hf_output(str(run), str(tmp_path / 'new'))

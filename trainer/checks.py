@@ -186,6 +186,9 @@ def check_workdir(config, workdir: str) -> None:
   if saved is None:
     return
   theirs = (saved.get('model_name'), saved.get('objective'))
+  if theirs[0] is None:
+    raise ValueError(f'--workdir={workdir} holds a config.json that is no train.py run\'s (it '
+                     f'has no model_name; an HF export\'s?): {new_workdir}.')
   if theirs != (config.model_name, config.objective):
     raise ValueError(f'--workdir={workdir} holds a {theirs[0]} run (objective {theirs[1]}) and '
                      f'this config trains {config.model_name} ({config.objective}): '

@@ -110,10 +110,14 @@ def load_trained(workdir: str, model_names: str | tuple[str, ...], command: str
   names = (model_names,) if isinstance(model_names, str) else tuple(model_names)
   path = os.path.join(workdir, 'config.json')
   if not (os.path.isfile(path) and checkpoints.exist(workdir)):
-    raise ValueError(f'{workdir} holds no config.json and checkpoint: pass the --workdir of '
-                     f'a {" or ".join(names)} training run.')
+    what = 'a config.json but no checkpoint' if os.path.isfile(path) else 'no config.json'
+    raise ValueError(f'{workdir} holds {what}: pass the --workdir of a '
+                     f'{" or ".join(names)} training run.')
   with open(path, encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f))
+  if 'model_name' not in config:
+    raise ValueError(f'{path} is no train.py config (it has no model_name; an HF export\'s?): '
+                     f'pass the --workdir of a {" or ".join(names)} training run.')
   if config.model_name not in names:
     raise ValueError(f'{workdir} trained {config.model_name!r}: {command} reads '
                      f'{" or ".join(names)} runs.')
