@@ -58,6 +58,9 @@ class StopRequested:
     interrupt, one_host = signum == signal.SIGINT, jax.process_count() == 1
     if interrupt and one_host and (not self.trained or self.signal_name == 'SIGINT'):
       if not self.deferring:
+        # Recorded first: Python drops an exception raised while a garbage collector's callback
+        # runs (jax's), and the loop then stops at its next step instead of never.
+        self.signal_name = self.signal_name or 'SIGINT'
         raise KeyboardInterrupt
       if not self.at_once_when_done:
         _say('Ctrl-C: the run stops once the checkpoint being written (if any) is complete and '
