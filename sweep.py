@@ -384,10 +384,34 @@ def load_record(workdir: str) -> tuple[dict, list[tuple[str, int, list[Run]]]]:
                   for label, seed, runs in record['runs']]
 
 
+def check_values(spec: str, runs: list[Run]) -> None:
+  """Every run's config, its overrides set, in range (trainer/ranges.py) before anything runs:
+  a bad value is one line naming the run, not a failed run after the others trained."""
+  from trainer import ranges  # pylint: disable=g-import-not-at-top (it imports jax)
+  for run in runs:
+    path, _, variant = run.config.partition(':')
+    config = cli.config_from_file(os.path.join(ROOT, path), variant)
+    where = f'{spec}, stage {run.stage} ({os.path.basename(run.workdir)})'
+    for key, value in (('seed', run.seed),) + run.overrides:
+      *parents, last = key.split('.')
+      node = config
+      for part in parents:
+        node = node[part]
+      try:
+        node[last] = value
+      except (TypeError, ValueError) as e:
+        raise ValueError(f'{where}: {key}={value!r}: {e}') from None
+    try:
+      ranges.check(config)
+    except ValueError as e:
+      raise ValueError(f'{where}: {e}') from None
+
+
 def prepare(spec: str, workdir: str) -> list[tuple[str, int, list[Run]]]:
   """Expands the sweep and writes workdir/sweep.json; a workdir keeps the sweep it began with."""
   sweep = load_sweep(spec)
   expanded = expand(sweep, workdir)
+  check_values(spec, unique_runs(expanded))
   relative = lambda p: os.path.relpath(p, workdir)  # noqa: E731
   record = dict(file=spec, metrics=list(sweep['metrics']), paths='relative',
                 runs=[(label, seed, _paths([dataclasses.asdict(r) for r in runs], relative))

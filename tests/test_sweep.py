@@ -180,6 +180,18 @@ def test_a_bad_sweep_file_is_one_line(tmp_path, text, message):
   assert message in str(error.value) and '\n' not in str(error.value)
 
 
+def test_a_value_out_of_range_is_one_line_before_anything_runs(tmp_path):
+  """docs/sweeps.md: every override is checked before anything runs; a bad value used to
+  fail its run after the others had trained."""
+  text = TWO_STAGES.replace("('no nsp', {'pretrain.data.next_sentence_prediction': False})",
+                            "('bad', {'finetune.optimizer.learning_rate': -5e-4})")
+  text = text.replace("axes=(('finetune.optimizer.learning_rate', (1e-4, 3e-4)),),", '')
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(ValueError, match=r'stage finetune .*learning_rate=-0.0005') as error:
+    sweep.prepare(_write(tmp_path, text), workdir)
+  assert '\n' not in str(error.value) and not os.path.exists(workdir)
+
+
 def _fake_run(run, evals, final, finished=True):
   """A run's files as train.py writes them: config.json (the fields the sweep sets) and
   metrics.jsonl (with its results line once finished)."""
