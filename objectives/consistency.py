@@ -106,7 +106,10 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
     total_ce, total_count = total_ce + ce, total_count + count
   loss = total_ce / jnp.maximum(total_count, 1e-6)
   metrics['supervised_loss'] = lm.pair(total_ce, total_count)
-  metrics['loss'] = lm.pair(loss * total_count, total_count)  # one mean: trainer/steps.py
+  # (loss, 1), though one mean: a window of labeled and unlabeled steps logs the mean of their
+  # losses, whose units differ (a token's cross-entropy; a sum over the views), so each step
+  # weighs the same, and so do micro-batches (trainer/steps.py).
+  metrics['loss'] = lm.pair(loss, 1.0)
   return loss, metrics
 
 
