@@ -16,8 +16,11 @@ line of --output (a line break inside one is written as a space).
 
 import sys
 
+import os
+
 from absl import app
 from absl import flags
+from absl import logging
 
 from models.decoding import translate
 from objectives.seq2seq import bleu, lowercases_targets
@@ -25,19 +28,53 @@ from trainer import cli
 from trainer.state import load_trained
 
 
+def read_lines(path: str, flag: str) -> list[str]:
+  """The stripped lines of a UTF-8 text file, or one line naming the flag and the fix."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return [line.strip() for line in f]
+  except UnicodeDecodeError as e:
+    raise ValueError(f'{flag}={path} is not UTF-8 text ({e.reason} at byte {e.start}): convert '
+                     f'it, e.g. iconv -f latin1 -t utf-8 {path}.') from None
+  except OSError as e:
+    raise ValueError(f'{flag}={path}: {e.strerror}.') from None
+
+
+def check_files(f) -> tuple[list[str], list[str] | None]:
+  """The input's sentences and the reference's lines, and the output writable, checked before
+  the model loads (and before a long decode whose result could not be written)."""
+  sentences = read_lines(f.input, '--input')
+  if not sentences:
+    raise ValueError(f'--input={f.input} is empty: give one source sentence a line.')
+  references = read_lines(f.reference, '--reference') if f.reference else None
+  if references is not None and len(references) != len(sentences):
+    raise ValueError(f'--reference has {len(references)} lines and --input {len(sentences)}: '
+                     'give line-aligned files.')
+  folder = os.path.dirname(os.path.abspath(f.output))
+  if os.path.isdir(f.output) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    raise ValueError(f'--output={f.output} cannot be written (a directory, or its folder is '
+                     'missing or read-only): pass a file in a writable folder.')
+  for flag, value, least in (('beam_size', f.beam_size, 1), ('batch_size', f.batch_size, 1),
+                             ('alpha', f.alpha, 0)):
+    if value is not None and value < least:
+      raise ValueError(f'--{flag}={value}: use {least} or more.')
+  return sentences, references
+
+
 def main(argv):
   del argv
   cli.skip_absent_accelerators()
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs its restore at INFO
   f = flags.FLAGS
   try:
+    sentences, references = check_files(f)
     config, model, params, tokenizer = load_trained(f.workdir, ('transformer', 'cove'),
                                                     'translate.py')
     if config.get('untrained_params'):  # convert_checkpoint.py --from=cove: no decoder released
       raise ValueError(f'{f.workdir} has an untrained {", ".join(config.untrained_params)} '
                        f'(converted from {config.get("converted_from")}): translate with a '
                        'trained translation run.')
-    with open(f.input, encoding='utf-8') as source_file:
-      sentences = [line.strip() for line in source_file]
     d = config.decode
     beam_size = d.beam_size if f.beam_size is None else f.beam_size
     alpha = d.alpha if f.alpha is None else f.alpha
@@ -46,17 +83,12 @@ def main(argv):
                            batch_size=f.batch_size)
     with open(f.output, 'w', encoding='utf-8') as out:
       out.writelines(h + '\n' for h in hypotheses)
-    if f.reference:
-      with open(f.reference, encoding='utf-8') as ref:
-        references = [line.strip() for line in ref]
-      if len(references) != len(hypotheses):
-        raise ValueError(f'--reference has {len(references)} lines and --input '
-                         f'{len(hypotheses)}: give line-aligned files.')
+    if references is not None:
       lower = lowercases_targets(tokenizer)
       print(f'BLEU {bleu(hypotheses, references, lower):.2f} '
             f'({len(hypotheses)} sentences, beam {beam_size}, alpha {alpha}'
             + (', case-insensitive: the run lower-cases its text)' if lower else ')'))
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:
     sys.exit(f'translate.py: error: {e}')
 
 

@@ -375,3 +375,28 @@ def test_a_config_json_of_no_run_of_ours_is_one_line(tmp_path):
   assert checkpoints.exist(str(tmp_path))
   with pytest.raises(ValueError, match='no train.py'):  # extract_features.py, generate.py ...
     trainer.state.load_trained(str(tmp_path), 'bert', 'test')
+
+
+def test_translate_checks_its_files_and_flags_before_it_loads_the_model(tmp_path):
+  """A decode of a whole test set was lost to an output path that could not be written."""
+  import types  # pylint: disable=import-outside-toplevel
+  import translate  # pylint: disable=import-outside-toplevel
+  (tmp_path / 'src.txt').write_text('a b\nc d\n', encoding='utf-8')
+  (tmp_path / 'ref.txt').write_text('x\n', encoding='utf-8')
+  (tmp_path / 'latin1.txt').write_bytes('caf\xe9\n'.encode('latin1'))
+  (tmp_path / 'empty.txt').write_text('', encoding='utf-8')
+  good = dict(input=str(tmp_path / 'src.txt'), output=str(tmp_path / 'hyp.txt'), reference=None,
+              beam_size=None, alpha=None, batch_size=32)
+  assert translate.check_files(types.SimpleNamespace(**good)) == (['a b', 'c d'], None)
+  for change, message in (
+      ({'output': str(tmp_path / 'missing' / 'hyp.txt')}, 'cannot be written'),
+      ({'output': str(tmp_path)}, 'cannot be written'),
+      ({'input': str(tmp_path / 'latin1.txt')}, 'not UTF-8 text'),
+      ({'input': str(tmp_path / 'nope.txt')}, 'No such file'),
+      ({'input': str(tmp_path / 'empty.txt')}, 'is empty'),
+      ({'reference': str(tmp_path / 'ref.txt')}, 'line-aligned'),
+      ({'beam_size': 0}, '--beam_size=0'), ({'alpha': -1.0}, '--alpha=-1.0'),
+      ({'batch_size': 0}, '--batch_size=0')):
+    with pytest.raises(ValueError, match=message) as error:
+      translate.check_files(types.SimpleNamespace(**{**good, **change}))
+    assert '\n' not in str(error.value)
