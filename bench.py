@@ -356,21 +356,33 @@ def main(argv):
                         and host_memory.keep_freed_memory())
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  config = cli.loaded_config('bench.py')
+  config, f = cli.loaded_config('bench.py'), flags.FLAGS
   try:
-    if flags.FLAGS.phase < 1:
-      raise ValueError(f'--phase={flags.FLAGS.phase}: phases are numbered from 1.')
-    config = phases.chosen(config, flags.FLAGS.phase)[0].config
-  except ValueError as e:
-    raise SystemExit(f'bench.py: {e}')
-  if flags.FLAGS.input_only:
-    print(json.dumps(input_rate(config, flags.FLAGS.input_seconds)))
-    return
-  # compile_seconds is a compile, not a read of an earlier one from a persistent cache.
-  if 'jax_enable_compilation_cache' in jax.config.values:
-    jax.config.update('jax_enable_compilation_cache', False)
-  result = benchmark(config, flags.FLAGS.steps, flags.FLAGS.warmup, flags.FLAGS.profile,
-                     flags.FLAGS.input_seconds, keeps_freed_memory)
+    if config is None:
+      raise ValueError('pass --config=configs/<file>.py[:variant].')
+    if f.phase < 1:
+      raise ValueError(f'--phase={f.phase}: phases are numbered from 1.')
+    if f.steps < 1 or f.warmup < 0:
+      raise ValueError(f'--steps={f.steps} --warmup={f.warmup}: time 1 step or more, after 0 '
+                       'or more.')
+    if f.input_only and f.input_seconds <= 0:
+      raise ValueError(f'--input_only measures the input for --input_seconds={f.input_seconds}:'
+                       ' give it a positive time.')
+    if f.input_seconds < 0:
+      raise ValueError(f'--input_seconds={f.input_seconds}: 0 skips the input, more measures it.')
+    if f.profile and os.path.exists(f.profile) and not os.path.isdir(f.profile):
+      raise ValueError(f'--profile={f.profile} is a file: pass a directory for the trace.')
+    config = phases.chosen(config, f.phase)[0].config
+    if f.input_only:
+      print(json.dumps(input_rate(config, f.input_seconds)))
+      return
+    # compile_seconds is a compile, not a read of an earlier one from a persistent cache.
+    if 'jax_enable_compilation_cache' in jax.config.values:
+      jax.config.update('jax_enable_compilation_cache', False)
+    result = benchmark(config, f.steps, f.warmup, f.profile, f.input_seconds,
+                       keeps_freed_memory)
+  except ValueError as e:  # a config value out of range, a bad flag: one line
+    raise SystemExit(f'bench.py: error: {e}') from None
   if 'top_ops' in result:
     print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'],
               result['top_jax_ops'], result['profile_op_ms_per_step'])

@@ -23,6 +23,7 @@ Where the reference computes otherwise:
 """
 
 import os
+import sys
 
 from flax import traverse_util
 import jax
@@ -208,3 +209,8 @@ def convert(input_path: str, workdir: str, glove_file: str,
           f'The release has no decoder: {", ".join(UNTRAINED)} are untrained '
           '(config.json: untrained_params); extract_features.py and '
           'configs/cove_classifier.py read the encoder.')
+
+
+if __name__ == '__main__':
+  sys.exit('convert_cove.py is a module of convert_checkpoint.py: run python '
+           'convert_checkpoint.py --from=cove --input=FILE.pth --glove=FILE --workdir=DIR')

@@ -51,6 +51,7 @@ graph; AllenNLP's ElmoBiLm computes the same):
 import glob
 import json
 import os
+import sys
 
 from flax import traverse_util
 import jax
@@ -276,3 +277,8 @@ def convert(input_dir: str, workdir: str) -> str:
           f'{", ".join(fresh)} ({len(words)} words, '
           + (f'from {vocab_path}).' if vocab_path else
              'no *vocab*.txt beside the weights: <S> </S> <UNK> only).'))
+
+
+if __name__ == '__main__':
+  sys.exit('convert_elmo.py is a module of convert_checkpoint.py: run python '
+           'convert_checkpoint.py --from=bilm --input=DIR_OF_THE_RELEASE --workdir=DIR')

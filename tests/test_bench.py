@@ -2,12 +2,17 @@
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
 
 import bench
 from test_train import micro_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow  # a timed benchmark of a real step
@@ -197,3 +202,13 @@ def test_peak_memory_says_what_it_is():
   assert bench.peak_memory([Device('gpu', None)])[0] is None  # never the host's memory
   bytes_, source = bench.peak_memory([Device('cpu', {})])
   assert bytes_ > 2 ** 20 and source == 'host process max RSS'
+
+
+def test_a_bad_flag_is_one_line_before_anything_compiles():
+  """--steps=0 ended in an UnboundLocalError traceback after a compile."""
+  done = subprocess.run([sys.executable, 'bench.py', '--config=configs/bert_base.py:tiny',
+                         '--steps=0'], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert done.returncode != 0
+  assert done.stderr.strip().splitlines() == [
+      'bench.py: error: --steps=0 --warmup=4: time 1 step or more, after 0 or more.']
