@@ -59,6 +59,11 @@ def check_length(longest: int, max_new_tokens: int, table: int, trained: int | N
 def generate(workdir: str, prompts: list[str], *, max_new_tokens: int, temperature: float,
              top_k: int, seed: int, allow_untrained_positions: bool = False) -> list[str]:
   """Each prompt with its continuation, decoded to text."""
+  for prompt in prompts:
+    try:
+      prompt.encode('utf-8')
+    except UnicodeEncodeError:  # bytes of another encoding, as the shell passed them
+      raise ValueError(f'--prompt={prompt!r} is not UTF-8 text: give it in UTF-8.') from None
   config, model, params, tokenizer = load_run(workdir)
   # Only convert_checkpoint.py's openai-gpt says False; older checkpoints say nothing (None).
   eot_trained = (checkpoints.newest_data(workdir) or {}).get('eot_trained') is not False

@@ -185,3 +185,12 @@ def test_generation_stays_within_the_positions_the_run_trained():
   generate.check_length(100, 29, table=512, trained=128, allow_untrained=True)
   with pytest.raises(ValueError, match='exceeds the 512 positions'):
     generate.check_length(500, 13, table=512, trained=512, allow_untrained=True)
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line_before_the_model_loads(tmp_path):
+  """A shell passes other bytes as surrogates; the tokenizer ended in a TypeError traceback."""
+  import generate  # pylint: disable=import-outside-toplevel
+  latin1 = b'caf\xe9'.decode('utf-8', 'surrogateescape')
+  with pytest.raises(ValueError, match='not UTF-8') as error:
+    generate.generate(str(tmp_path), [latin1], max_new_tokens=1, temperature=0, top_k=0, seed=0)
+  assert '\n' not in str(error.value)
