@@ -380,3 +380,28 @@ def test_cudnn_arguments_give_the_xla_paths_attention(name):
   # A mask that let one real query see one more key would differ.
   wrong = jax.nn.dot_product_attention(q, k, v, mask=mask.dense().at[:, :, 1, -1].set(True))
   assert not np.allclose(np.asarray(wrong)[real], np.asarray(expected)[real], atol=1e-3)
+
+
+CONV = 'window={size=3}, dim_labels=b0f_o0i->b0f, custom_call_target="__cudnn$conv'
+CONV_HLO = f'''HloModule conv, entry_computation_layout={{()->()}}
+
+ENTRY %main (x: bf16[64,50,16], k: bf16[32,3,16], dy: bf16[64,48,32]) -> bf16[64,48,32] {{
+  %x = bf16[64,50,16]{{2,1,0}} parameter(0)
+  %k = bf16[32,3,16]{{2,1,0}} parameter(1)
+  %dy = bf16[64,48,32]{{2,1,0}} parameter(2)
+  %fwd = (bf16[64,48,32]{{2,1,0}}, u8[0]{{0}}) custom-call(%x, %k), {CONV}Forward"
+  %dk = (bf16[32,3,16]{{2,1,0}}, u8[0]{{0}}) custom-call(%x, %dy), {CONV}BackwardFilter"
+  %dx = (bf16[64,50,16]{{2,1,0}}, u8[0]{{0}}) custom-call(%dy, %k), {CONV}BackwardInput"
+  ROOT %out = bf16[64,48,32]{{2,1,0}} get-tuple-element(%fwd), index=0
+}}
+'''
+
+
+def test_cudnn_convolutions_are_costed_by_their_flops():
+  """ELMo's and CVT's char CNNs compile to cuDNN convolutions on a GPU (lines as XLA writes
+  them for a width-3 filter over 50 characters); each was a kernel of 0 FLOPs."""
+  kernels = {k.name: k for k in hlo.hlo_kernels(CONV_HLO)}
+  # 2 x batch 64 x 48 positions x 32 filters x width 3 x 16 input features, each pass.
+  flops = 2 * 64 * 48 * 32 * 3 * 16
+  for name in ('fwd', 'dk', 'dx'):
+    assert (kernels[name].kind, kernels[name].flops) == ('matmul', flops)

@@ -175,6 +175,28 @@ def _dot_flops(shape: str, arguments: str, lhs_shape: str) -> float:
   return 2.0 * math.prod(_dims(shape)) * size
 
 
+def _conv_flops(target: str, result: str, arguments: str, operands: list[str]) -> float:
+  """A cuDNN convolution's: 2 x the forward output's elements x the kernel's elements per
+  output feature (each output element sums kernel width x input features / groups products),
+  the same for its input's and its filter's gradient. dim_labels name the forward's layouts
+  (b0f_o0i->b0f: the kernel's 'o' is its output features); the forward's output is the call's
+  result, the input gradient's first operand (dy), the filter gradient's second."""
+  labels = re.search(r'dim_labels=\w+_(\w+)->', arguments)
+  if not labels or len(operands) < 2:
+    return 0.0
+  if 'BackwardFilter' in target:
+    output, kernel = operands[1], result
+  elif 'BackwardInput' in target:
+    output, kernel = operands[0], operands[1]
+  else:
+    output, kernel = result, operands[1]
+  kernel_dims = _dims(kernel)
+  if 'o' not in labels.group(1) or len(kernel_dims) != len(labels.group(1)):
+    return 0.0
+  per_output = math.prod(kernel_dims) / kernel_dims[labels.group(1).index('o')]
+  return 2.0 * math.prod(_dims(output)) * per_output
+
+
 def _attention_flops(target: str, arguments: str) -> float:
   """cuDNN's fused attention: two matmuls of B x H x L x S x K forward; the backward pass
   recomputes the scores and makes four products (dQ, dK, dV and the probabilities')."""
@@ -258,6 +280,9 @@ def hlo_kernels(hlo_text: str) -> list[Kernel]:
       elif target.startswith('__cublas'):
         lhs = shapes.get(operand_names[0], '') if operand_names else ''
         kind, flops = 'matmul', _dot_flops(_top_level(shape)[0], arguments, lhs)
+      elif target.startswith('__cudnn$conv'):
+        kind, flops = 'matmul', _conv_flops(target, _top_level(shape)[0], arguments,
+                                            [shapes.get(op, '') for op in operand_names])
       else:
         flops = 0.0
     elif opcode == 'dot':
