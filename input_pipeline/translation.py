@@ -313,7 +313,13 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
   def build(chunk: list[Pair], rng: np.random.Generator) -> dict[str, np.ndarray]:
     chunk = [chunk[i] for i in rng.permutation(len(chunk))]
     source, target, dropped = encode_pairs(chunk, tokenizer, length)
-    if dropped:
+    if dropped and split == 'eval':
+      # tensor2tensor evaluates every pair (eval_drop_long_sequences=False): say it, once.
+      logging.log_first_n(logging.WARNING, 'Left out %d of %d eval pairs longer than '
+                          'data.max_seq_length=%d tokens: eval_loss and eval_perplexity leave '
+                          'them out (BLEU translates every pair); raise data.max_seq_length to '
+                          'score them.', 1, dropped, len(chunk), length)
+    elif dropped:
       logging.info('Left out %d of %d %s pairs longer than data.max_seq_length=%d tokens.',
                    dropped, len(chunk), split, length)
     return pack(source, target, length, tokenizer.start_id, not data_cfg.get('pack', True))
