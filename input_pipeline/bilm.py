@@ -3,13 +3,17 @@
 ELMo's biLM is trained on the 1B Word Benchmark, a corpus of shuffled
 sentences: each sentence is framed <S> words </S> and the sentences are
 concatenated into one token stream that is cut into windows of L tokens, the
-forward LM predicting the next token and the backward LM the previous one
-within a window. Feature spec of a host-local batch (numpy, static shapes; B
-batch, L = data.max_seq_length, W = data.max_characters_per_token):
+forward LM predicting the next token and the backward LM the previous one,
+also across the window's ends (the stream's neighbours of the window, as
+bilm-tf's targets run on into the next batch). Feature spec of a host-local
+batch (numpy, static shapes; B batch, L = data.max_seq_length, W =
+data.max_characters_per_token):
 
   token_ids  int32 (B, L)     word ids (input_pipeline/common/words.py), 0 at padding
   char_ids   int32 (B, L, W)  character ids of each token, 0 at padding
   lengths    int32 (B,)       tokens in the row: L, except the last row of a chunk
+  next_ids   int32 (B,)       the stream's token after the row, -1 at the chunk's end
+  prev_ids   int32 (B,)       the stream's token before the row, -1 at the chunk's start
 
 The windows of a chunk of data.docs_per_chunk documents (sentences of a
 document in order) do not overlap, are shuffled within the chunk, and the
@@ -49,17 +53,23 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def stream_rows(token_ids: np.ndarray, char_ids: np.ndarray, length: int) -> Batch:
-  """A token stream (T,) with its char ids (T, W) cut into rows of `length`, the last one padded."""
+  """A token stream (T,) with its char ids (T, W) cut into rows of `length`, the last one padded,
+  and each row's neighbours in the stream (-1 where there is none)."""
   total, width = char_ids.shape
   num_rows = -(-total // length)
   padded_ids = np.zeros(num_rows * length, np.int32)
   padded_ids[:total] = token_ids
   padded_chars = np.zeros((num_rows * length, width), np.int32)
   padded_chars[:total] = char_ids
+  starts = length * np.arange(num_rows)
+  after, before = starts + length, starts - 1
   return {
       'token_ids': padded_ids.reshape(num_rows, length),
       'char_ids': padded_chars.reshape(num_rows, length, width),
-      'lengths': np.minimum(length, total - length * np.arange(num_rows)).astype(np.int32),
+      'lengths': np.minimum(length, total - starts).astype(np.int32),
+      'next_ids': np.where(after < total, padded_ids[np.minimum(after, total - 1)], -1
+                           ).astype(np.int32),
+      'prev_ids': np.where(before >= 0, padded_ids[np.maximum(before, 0)], -1).astype(np.int32),
   }
 
 

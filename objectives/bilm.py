@@ -6,7 +6,9 @@ bilm-tf's LanguageModel._build_loss (bilm/training.py) trains on their MEAN,
 perplexity. We follow bilm-tf (the sum only doubles the gradient). Each
 direction's NLL is averaged over its targets, taken from the batch: the
 forward target at t is token_ids[t+1] for t < length - 1, the backward target
-at t is token_ids[t-1] for 1 <= t < length, so targets never leave the row.
+at t is token_ids[t-1] for 1 <= t < length, and at the row's ends the
+stream's neighbours of the row (batch['next_ids'] and batch['prev_ids'] of
+input_pipeline/bilm.py), as bilm-tf's targets run on into its next batch.
 Across a sentence boundary of the stream (</S> <S>) there is no target: the
 forward LM is not asked for the <S> after a </S>, nor the backward LM for the
 </S> before a <S>. bilm-tf never feeds a sentence's last token (its batcher
@@ -135,18 +137,27 @@ def _blockwise(fn, mesh, spec, out_spec, table, ids_R, *rows):
                        out_specs=out_spec, check_vma=False)(table, ids_R, *rows)
 
 
-def direction_targets(token_ids_BL: Array, lengths_B: Array
-                      ) -> dict[str, tuple[Array, Array]]:
-  """{'forward': (targets_BL, valid_BL), 'backward': (...)}: the next / previous token within the row."""
+def direction_targets(token_ids_BL: Array, lengths_B: Array, next_B: Array | None = None,
+                      prev_B: Array | None = None) -> dict[str, tuple[Array, Array]]:
+  """{'forward': (targets_BL, valid_BL), 'backward': (...)}: the next / previous token, within
+  the row and, given the stream's neighbours of the rows (next_B, prev_B; -1: none), across
+  its ends, as bilm-tf's targets run on into the next batch."""
   length = token_ids_BL.shape[1]
   lengths_B1 = jnp.clip(lengths_B, 0, length)[:, None]
   t_1L = jnp.arange(length)[None, :]
-  zeros_B1 = jnp.zeros_like(token_ids_BL[:, :1])
-  forward_BL = jnp.concatenate([token_ids_BL[:, 1:], zeros_B1], axis=1)
-  backward_BL = jnp.concatenate([zeros_B1, token_ids_BL[:, :-1]], axis=1)
+  none_B1 = jnp.full_like(token_ids_BL[:, :1], -1)
+  next_B1 = none_B1 if next_B is None else next_B.astype(token_ids_BL.dtype)[:, None]
+  prev_B1 = none_B1 if prev_B is None else prev_B.astype(token_ids_BL.dtype)[:, None]
+  last_BL, first_BL = t_1L == lengths_B1 - 1, (t_1L == 0) & (lengths_B1 > 0)
+  forward_BL = jnp.where(last_BL, next_B1,
+                         jnp.concatenate([token_ids_BL[:, 1:], none_B1], axis=1))
+  backward_BL = jnp.where(first_BL, prev_B1,
+                          jnp.concatenate([none_B1, token_ids_BL[:, :-1]], axis=1))
   # No target across a sentence boundary: after </S> (forward) or before <S> (backward).
-  forward_valid_BL = (t_1L < lengths_B1 - 1) & (token_ids_BL != words.EOS_ID)
-  backward_valid_BL = (t_1L >= 1) & (t_1L < lengths_B1) & (token_ids_BL != words.BOS_ID)
+  forward_valid_BL = ((t_1L < lengths_B1 - 1) | (last_BL & (next_B1 >= 0))) & (
+      token_ids_BL != words.EOS_ID)
+  backward_valid_BL = (((t_1L >= 1) & (t_1L < lengths_B1)) | (first_BL & (prev_B1 >= 0))) & (
+      token_ids_BL != words.BOS_ID)
   # Padding ids are never read as labels, but keep them in range for the gathers.
   return {'forward': (jnp.where(forward_valid_BL, forward_BL, 0), forward_valid_BL),
           'backward': (jnp.where(backward_valid_BL, backward_BL, 0), backward_valid_BL)}
@@ -162,7 +173,8 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
   """
   sampled = 'sampled_ids' in outputs
   metrics, sums, counts, losses = {}, {}, {}, {}
-  targets = direction_targets(batch['token_ids'], batch['lengths'])
+  targets = direction_targets(batch['token_ids'], batch['lengths'], batch.get('next_ids'),
+                              batch.get('prev_ids'))
   for index, (direction, (targets_BL, valid_BL)) in enumerate(targets.items()):
     states_BLD = outputs[f'{direction}_states']
     targets_N, valid_N = targets_BL.reshape(-1), valid_BL.reshape(-1)

@@ -12,7 +12,8 @@ import input_pipeline
 from input_pipeline.common import sources
 from input_pipeline.common import words as words_lib
 
-FIELDS = {'token_ids': np.int32, 'char_ids': np.int32, 'lengths': np.int32}
+FIELDS = {'token_ids': np.int32, 'char_ids': np.int32, 'lengths': np.int32,
+          'next_ids': np.int32, 'prev_ids': np.int32}
 UNK = 2
 # bilm-tf's first three words, then 'the' (3 times), 'cat' (2) and the rest once, in order.
 TEXTS = ['The cat sat on the mat.', 'the cat, the end']
@@ -173,6 +174,9 @@ def test_rows_are_the_framed_stream_cut_in_order(vocab):
                                                     [1, 0, 3, 11, 1],
                                                     [0, 4, 2, 1, 0]])
   np.testing.assert_array_equal(rows['lengths'], [5, 5, 4])
+  # Each row's neighbours in the stream, -1 at the chunk's ends.
+  np.testing.assert_array_equal(rows['next_ids'], [1, 0, -1])
+  np.testing.assert_array_equal(rows['prev_ids'], [-1, 9, 1])
   assert {k: v.dtype for k, v in rows.items()} == FIELDS
   np.testing.assert_array_equal(rows['char_ids'][2, 2], words_lib.char_ids(['dog'], 8)[0])
   assert not rows['char_ids'][2, 4].any()

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from configs import elmo as elmo_config
+import input_pipeline.bilm
 from models import elmo
 from objectives import bilm
 from objectives import lm
@@ -98,6 +99,21 @@ def test_no_target_across_a_sentence_boundary():
   backward, back_valid = (np.asarray(x)[0] for x in targets['backward'])
   assert forward[valid].tolist() == [3, 4, E, 5, E] and not valid[3]
   assert backward[back_valid].tolist() == [S, 3, 4, S, 5] and not back_valid[4]
+
+
+def test_targets_run_across_the_rows_ends_as_bilm_tfs_run_into_the_next_batch():
+  """<S> a b c d e </S> cut into rows of 4 has 6 targets a direction, as bilm-tf's stream: the
+  row's last token predicts the next row's first (forward), its first the row before's last."""
+  S, E = 0, 1
+  rows = input_pipeline.bilm.stream_rows(np.array([S, 5, 6, 7, 8, 9, E], np.int32),
+                                         np.zeros((7, 3), np.int32), 4)
+  targets = bilm.direction_targets(*(jnp.asarray(rows[k]) for k in (
+      'token_ids', 'lengths', 'next_ids', 'prev_ids')))
+  forward, backward = (np.asarray(t)[np.asarray(v)].tolist() for t, v in targets.values())
+  assert sorted(forward) == sorted([5, 6, 7, 8, 9, E]) and sorted(backward) == [S, 5, 6, 7, 8, 9]
+  # Without the neighbours (another pipeline's rows), targets stay inside the row: 5 each.
+  inside = bilm.direction_targets(jnp.asarray(rows['token_ids']), jnp.asarray(rows['lengths']))
+  assert [int(np.asarray(v).sum()) for _, v in inside.values()] == [5, 5]
 
 
 def test_every_class_sampled_once_is_the_full_softmax():
