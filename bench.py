@@ -11,14 +11,14 @@ leaves the host's input out; --input_seconds measures that apart.
 Figures: steady-state seconds per step (compile excluded), tokens/s (batch x
 data.max_seq_length positions, x num_choices, padding included: a translation
 pair's one side), analytic model FLOPs per step, achieved FLOP/s, MFU against
-the chip's published dense peak in the model's compute dtype (trainer/peaks.py: H100, H200, A100, TPU v4,
-v5e, v5p, v6e) or, on a CPU or another chip, against the matmul peak measured
-here in that dtype; that measured peak and the MFU against it always; compile
-seconds, peak memory, page faults per step, and the training input's
-examples/s on the configured source, made by data.workers processes as
-train.py makes it (--config.data.workers=N), in total and per worker;
---input_only measures only that. On a CPU backend, glibc's malloc is first
-set to keep freed memory, as train.py does (trainer/host_memory.py;
+the chip's published dense peak in the model's compute dtype (trainer/peaks.py:
+H100, H200, A100, TPU v4, v5e, v5p, v6e) or, on a CPU or another chip, against
+the matmul peak measured here in that dtype; that measured peak and the MFU
+against it always; compile seconds, peak memory, page faults per step, and the
+training input's examples/s on the configured source, made by data.workers
+processes as train.py makes it (--config.data.workers=N), in total and per
+worker; --input_only measures only that. On a CPU backend, glibc's malloc is
+first set to keep freed memory, as train.py does (trainer/host_memory.py;
 --nokeep_freed_memory measures without).
 
 --profile=DIR also traces a few steps into DIR (jax.profiler: TensorBoard's
@@ -373,16 +373,19 @@ def main(argv):
     if f.profile and os.path.exists(f.profile) and not os.path.isdir(f.profile):
       raise ValueError(f'--profile={f.profile} is a file: pass a directory for the trace.')
     config = phases.chosen(config, f.phase)[0].config
-    if f.input_only:
+    if f.input_only:  # the data alone: its settings' errors are one line too
       print(json.dumps(input_rate(config, f.input_seconds)))
       return
-    # compile_seconds is a compile, not a read of an earlier one from a persistent cache.
-    if 'jax_enable_compilation_cache' in jax.config.values:
-      jax.config.update('jax_enable_compilation_cache', False)
-    result = benchmark(config, f.steps, f.warmup, f.profile, f.input_seconds,
-                       keeps_freed_memory)
+    # The checks benchmark() starts with, here where they are one line (its own errors,
+    # after them, keep their tracebacks).
+    trainer.checks.inherit_unset_fields(config, None)
+    trainer.checks.validate(config, sharding.make_mesh(config.mesh))
   except ValueError as e:  # a config value out of range, a bad flag: one line
     raise SystemExit(f'bench.py: error: {e}') from None
+  # compile_seconds is a compile, not a read of an earlier one from a persistent cache.
+  if 'jax_enable_compilation_cache' in jax.config.values:
+    jax.config.update('jax_enable_compilation_cache', False)
+  result = benchmark(config, f.steps, f.warmup, f.profile, f.input_seconds, keeps_freed_memory)
   if 'top_ops' in result:
     print_ops(result['top_ops'], result['step_seconds'], result['matmul_share'],
               result['top_jax_ops'], result['profile_op_ms_per_step'])

@@ -438,7 +438,7 @@ def check_hf_output(workdir: str, output: str) -> None:
   config.json would be replaced by HF's, and the run could no longer be resumed or read)."""
   if os.path.exists(output) and not os.path.isdir(output):
     raise ValueError(f'--output={output} is a file: pass a new directory.')
-  same = os.path.exists(output) and os.path.samefile(output, workdir)
+  same = os.path.exists(output) and os.path.exists(workdir) and os.path.samefile(output, workdir)
   saved = os.path.join(output, 'config.json')
   holds_run = os.path.isdir(os.path.join(output, 'checkpoints'))
   if not holds_run and os.path.isfile(saved):

@@ -14,9 +14,8 @@ run that lower-cases its text (data.lower_case). Each translation is one
 line of --output (a line break inside one is written as a space).
 """
 
-import sys
-
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -31,7 +30,7 @@ from trainer.state import load_trained
 def read_lines(path: str, flag: str) -> list[str]:
   """The stripped lines of a UTF-8 text file, or one line naming the flag and the fix."""
   try:
-    with open(path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8-sig') as f:  # a byte-order mark is no text
       return [line.strip() for line in f]
   except UnicodeDecodeError as e:
     raise ValueError(f'{flag}={path} is not UTF-8 text ({e.reason} at byte {e.start}): convert '
@@ -51,9 +50,10 @@ def check_files(f) -> tuple[list[str], list[str] | None]:
     raise ValueError(f'--reference has {len(references)} lines and --input {len(sentences)}: '
                      'give line-aligned files.')
   folder = os.path.dirname(os.path.abspath(f.output))
-  if os.path.isdir(f.output) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-    raise ValueError(f'--output={f.output} cannot be written (a directory, or its folder is '
-                     'missing or read-only): pass a file in a writable folder.')
+  if (os.path.isdir(f.output) or not os.path.isdir(folder) or not os.access(folder, os.W_OK)
+      or (os.path.exists(f.output) and not os.access(f.output, os.W_OK))):
+    raise ValueError(f'--output={f.output} cannot be written (a directory, read-only, or its '
+                     'folder missing or read-only): pass a writable file.')
   for flag, value, least in (('beam_size', f.beam_size, 1), ('batch_size', f.batch_size, 1),
                              ('alpha', f.alpha, 0)):
     if value is not None and value < least:

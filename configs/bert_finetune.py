@@ -33,7 +33,8 @@ SPAN_TASKS = ('squad', 'offline_span')
 # Training examples (SQuAD: questions) per TFDS task, for the step count of the epochs.
 TRAIN_EXAMPLES = {
     'sst2': 67_349, 'cola': 8_551, 'mnli': 392_702, 'mnli_mismatched': 392_702,
-    'qnli': 104_743, 'rte': 2_490, 'snli': 549_367, 'snli_test': 549_367, 'stsb': 5_749, 'qqp': 363_846,
+    'qnli': 104_743, 'rte': 2_490, 'snli': 549_367, 'snli_test': 549_367, 'stsb': 5_749,
+    'qqp': 363_846,
     'mrpc': 3_668, 'squad': 87_599, 'conll2003': 14_041,
 }
 # Appendix A.3: batch 32, 3 epochs (GLUE, sec. 4.1; SQuAD v1.1 at 5e-5, sec. 4.2); the paper

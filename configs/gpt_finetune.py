@@ -25,7 +25,8 @@ from input_pipeline.tasks import task_metrics
 # Training examples per TFDS task, for the paper's 3 epochs.
 TRAIN_EXAMPLES = {
     'sst2': 67_349, 'cola': 8_551, 'mnli': 392_702, 'mnli_mismatched': 392_702,
-    'qnli': 104_743, 'rte': 2_490, 'snli': 549_367, 'snli_test': 549_367, 'stsb': 5_749, 'qqp': 363_846,
+    'qnli': 104_743, 'rte': 2_490, 'snli': 549_367, 'snli_test': 549_367, 'stsb': 5_749,
+    'qqp': 363_846,
     'mrpc': 3_668, 'piqa': 16_113, 'hellaswag': 39_905,
 }
 EPOCHS = 3

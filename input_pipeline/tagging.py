@@ -3,9 +3,9 @@
 A sentence is the biLM's input, framed <S> words </S>, and has one tag per
 word. Training sentences longer than data.max_seq_length - 2 words lose their
 last words; eval sentences are kept whole, their batches as long as the
-split's longest (eval_length), so that span F1 and accuracy count every gold
+split's longest (batch_length), so that span F1 and accuracy count every gold
 tag, as conlleval scores the whole file. Feature spec of a host-local batch
-(numpy, static shapes; B batch, L = data.max_seq_length, or eval_length for
+(numpy, static shapes; B batch, L = data.max_seq_length, or batch_length for
 eval, W = data.max_characters_per_token):
 
   token_ids        int32   (B, L)     word ids (input_pipeline/common/words.py), 0 at padding

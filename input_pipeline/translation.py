@@ -317,7 +317,8 @@ def get_iterator(data_cfg: ml_collections.ConfigDict, split: str, *, tokenizer,
       # tensor2tensor evaluates every pair (eval_drop_long_sequences=False): say it, once.
       logging.log_first_n(logging.WARNING, 'Left out %d of %d eval pairs longer than '
                           'data.max_seq_length=%d tokens: eval_loss and eval_perplexity leave '
-                          'them out (BLEU translates every pair); raise data.max_seq_length to '
+                          'them out (BLEU translates its decode.bleu_examples pairs whatever their '
+                          'length); raise data.max_seq_length to '
                           'score them.', 1, dropped, len(chunk), length)
     elif dropped:
       logging.info('Left out %d of %d %s pairs longer than data.max_seq_length=%d tokens.',

@@ -1,12 +1,13 @@
 """Cross-View Training's biLSTM tagger: a primary module and four restricted views (Clark et al. 2018).
 
 Encoder (sec. 3.1, cvt_text's sizes by default): a word embedding (times a
-learned scalar, cvt_text's emb_scale) concatenated with a char CNN's
-max-pooled filters, then two biLSTM layers with projections. The first layer's forward and backward states h1_fw, h1_bw
-feed the auxiliary modules; the primary module reads [h1_fw; h1_bw; h2]. A
-prediction module is softmax(W ReLU(W' x + b') + b) (sec. 2). The auxiliary
-views of token i (sec. 3.1, sequence tagging): forward h1_fw[i], backward
-h1_bw[i], future h1_fw[i-1] (not token i itself), past h1_bw[i+1].
+learned scalar, cvt_text's emb_scale) concatenated with a char CNN's max-pooled
+filters, then two biLSTM layers with projections. The first layer's forward and
+backward states h1_fw, h1_bw feed the auxiliary modules; the primary module
+reads [h1_fw; h1_bw; h2]. A prediction module is softmax(W ReLU(W' x + b') + b)
+(sec. 2). The auxiliary views of token i (sec. 3.1, sequence tagging): forward
+h1_fw[i], backward h1_bw[i], future h1_fw[i-1] (not token i itself), past
+h1_bw[i+1].
 
 On an unlabeled training batch (no 'labels' in it, sec. 2) the model runs
 the encoder twice: once without dropout for the primary module's soft
@@ -46,7 +47,7 @@ class Config:
   word_dim: int = 300
   char_dim: int = 50
   filters: tuple = ((2, 100), (3, 100), (4, 100))  # (width, count) of the char CNN
-  max_characters_per_token: int = 20
+  max_characters_per_token: int = 22  # max_word_length 20, and the word's two markers
   first_lstm_dim: int = 1024  # cells per direction
   second_lstm_dim: int = 512
   projection_dim: int = 512  # the LSTMs' projections and the prediction modules' hidden layer

@@ -203,8 +203,9 @@ def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array], *,
       metrics[f'{direction}_accuracy'] = lm.pair(correct, counts[direction])
     metrics[f'{direction}_loss'] = lm.pair(sums[direction], counts[direction])
   loss = sum(losses.values())
-  # Both directions have max(length - 1, 0) targets per row, so this pooled pair's mean is
-  # the loss above, and unlike the loss it adds up across micro-batches, devices and steps.
+  # The directions have nearly the same targets (max(length - 1, 0) a row, and one more at
+  # a row's end where its neighbour is a target), so this pooled pair's mean is the loss above
+  # to within that, and unlike the loss it adds up across micro-batches, devices and steps.
   metrics['loss'] = lm.pair(sum(sums.values()), sum(counts.values()))
   return gradient_scale * loss, metrics
 

@@ -1,6 +1,7 @@
 """Every mistake a user can make stops train.py with one line naming the fix, before compiling."""
 
 import fcntl
+import json
 import os
 import re
 import subprocess
@@ -400,3 +401,16 @@ def test_translate_checks_its_files_and_flags_before_it_loads_the_model(tmp_path
     with pytest.raises(ValueError, match=message) as error:
       translate.check_files(types.SimpleNamespace(**{**good, **change}))
     assert '\n' not in str(error.value)
+
+
+def test_a_cvt_run_of_before_normalized_words_is_refused_naming_the_field(tmp_path):
+  """Its words.txt holds words as written: read as normalized, they would be other ids."""
+  from configs import cvt as cvt_config  # pylint: disable=import-outside-toplevel
+  config = cvt_config.get_config('tiny')
+  saved = json.loads(config.to_json())
+  del saved['data']['normalize_words']  # config.json of a run from before the field
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)
+  with pytest.raises(ValueError, match='data.normalize_words=False') as error:
+    checks.check_workdir(config, str(tmp_path))
+  assert '\n' not in str(error.value)

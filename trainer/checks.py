@@ -164,6 +164,8 @@ def _as_json(value: Any) -> Any:
 # check_resumable_params).
 _RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'tokenizer'),
                   ('data', 'lower_case'), ('data', 'split_words'), ('data', 'normalize_words'))
+# What a run saved before a field of _RESUME_FIELDS existed did (CVT's words as written).
+_RESUME_DEFAULTS = {'normalize_words': False}
 
 
 def _saved_config(directory: str, what: str) -> dict[str, Any] | None:
@@ -197,6 +199,8 @@ def check_workdir(config, workdir: str) -> None:
     return  # nothing to resume: the run starts afresh there
   for part, field in _RESUME_FIELDS:
     ours = config[part].get(field)
+    if field not in saved.get(part, {}) and field in _RESUME_DEFAULTS:
+      saved.setdefault(part, {})[field] = _RESUME_DEFAULTS[field]  # a run of before the field
     if ours is None or field not in saved.get(part, {}):
       continue  # unset here (taken from the run), or not a field of this model
     if _as_json(ours) != saved[part][field]:
