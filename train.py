@@ -84,7 +84,7 @@ def main(argv):
     print(f'train.py: stopped at once by Ctrl-C: {kept}.', file=sys.stderr, flush=True)
     # The loop has closed its input workers and checkpoints. An XLA compile the interrupt left
     # running in a thread of its own would crash the interpreter's teardown (a segmentation
-    # fault, exit 139, in 4 of 6 interrupts of bert_base.py:tiny at 10-13 s): exit
+    # fault, exit 139, in 4 of 5 interrupts of bert_base.py:tiny at 10-13 s here): exit
     # without one.
     sys.stdout.flush()
     logging.flush()
