@@ -97,14 +97,7 @@ def load_bilm(workdir: str) -> tuple[ml_collections.ConfigDict, elmo.Model, dict
 
 def read_sentences(path: str) -> list[str]:
   """Every line of the file, stripped (a byte-order mark too)."""
-  if not os.path.isfile(path):
-    raise ValueError(f'--input={path!r} does not exist: pass a text file, one sentence per line.')
-  try:
-    with open(path, encoding='utf-8-sig') as f:
-      sentences = [line.strip() for line in f]
-  except UnicodeDecodeError as e:
-    raise ValueError(f'--input={path!r} is not UTF-8 text ({e.reason} at byte {e.start}): '
-                     'convert it to UTF-8.') from None
+  sentences = cli.read_lines(path, '--input')
   if not any(sentences):
     raise ValueError(f'--input={path!r} has no sentences: one sentence per line.')
   return sentences

@@ -27,25 +27,13 @@ from trainer import cli
 from trainer.state import load_trained
 
 
-def read_lines(path: str, flag: str) -> list[str]:
-  """The stripped lines of a UTF-8 text file, or one line naming the flag and the fix."""
-  try:
-    with open(path, encoding='utf-8-sig') as f:  # a byte-order mark is no text
-      return [line.strip() for line in f]
-  except UnicodeDecodeError as e:
-    raise ValueError(f'{flag}={path} is not UTF-8 text ({e.reason} at byte {e.start}): convert '
-                     f'it, e.g. iconv -f latin1 -t utf-8 {path}.') from None
-  except OSError as e:
-    raise ValueError(f'{flag}={path}: {e.strerror}.') from None
-
-
 def check_files(f) -> tuple[list[str], list[str] | None]:
   """The input's sentences and the reference's lines, and the output writable, checked before
   the model loads (and before a long decode whose result could not be written)."""
-  sentences = read_lines(f.input, '--input')
+  sentences = cli.read_lines(f.input, '--input')
   if not sentences:
     raise ValueError(f'--input={f.input} is empty: give one source sentence a line.')
-  references = read_lines(f.reference, '--reference') if f.reference else None
+  references = cli.read_lines(f.reference, '--reference') if f.reference else None
   if references is not None and len(references) != len(sentences):
     raise ValueError(f'--reference has {len(references)} lines and --input {len(sentences)}: '
                      'give line-aligned files.')

@@ -393,7 +393,7 @@ def test_translate_checks_its_files_and_flags_before_it_loads_the_model(tmp_path
       ({'output': str(tmp_path / 'missing' / 'hyp.txt')}, 'cannot be written'),
       ({'output': str(tmp_path)}, 'cannot be written'),
       ({'input': str(tmp_path / 'latin1.txt')}, 'not UTF-8 text'),
-      ({'input': str(tmp_path / 'nope.txt')}, 'No such file'),
+      ({'input': str(tmp_path / 'nope.txt')}, 'does not exist'),
       ({'input': str(tmp_path / 'empty.txt')}, 'is empty'),
       ({'reference': str(tmp_path / 'ref.txt')}, 'line-aligned'),
       ({'beam_size': 0}, '--beam_size=0'), ({'alpha': -1.0}, '--alpha=-1.0'),

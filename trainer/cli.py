@@ -106,6 +106,21 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(f'{os.path.basename(argv[0])}: error: {reason or fallback}')
 
 
+def read_lines(path: str, flag: str) -> list[str]:
+  """Every line of a UTF-8 text file, stripped (a byte-order mark too), or a ValueError in one
+  line naming the flag and the fix."""
+  if not os.path.isfile(path):
+    raise ValueError(f'{flag}={path!r} does not exist: pass a text file, one sentence per line.')
+  try:
+    with open(path, encoding='utf-8-sig') as f:
+      return [line.strip() for line in f]
+  except UnicodeDecodeError as e:
+    raise ValueError(f'{flag}={path!r} is not UTF-8 text ({e.reason} at byte {e.start}): '
+                     f'convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {path}.') from None
+  except OSError as e:
+    raise ValueError(f'{flag}={path!r}: {e.strerror}.') from None
+
+
 def hold_directory(path: str) -> int:
   """An exclusive flock on the directory `path`, held until the returned descriptor is closed
   or the process ends, however it ends; a ValueError in one line if another process holds it
