@@ -33,6 +33,23 @@ def test_attention_auto_takes_cudnn_in_the_compiled_bert_step():
   assert report['cudnn_attention_calls'] >= 2 * config.model.num_layers  # forward and backward
 
 
+def test_auto_attention_takes_xlas_on_a_gpu_before_ampere(monkeypatch):
+  """Colab's free T4 (compute capability 7.5) compiles neither Triton kernels nor cuDNN's fused
+  attention: BERT's and GPT's first compile stopped there (seen compiling for a T4 target)."""
+  class Gpu:
+    def __init__(self, capability):
+      self.compute_capability = capability
+  config = bert_base.get_config('tiny')
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  for capability, with_dropout, without in (('7.5', 'xla', 'xla'), ('8.0', 'triton', 'cudnn'),
+                                            ('9.0', 'triton', 'cudnn')):
+    monkeypatch.setattr(jax, 'devices', lambda capability=capability: [Gpu(capability)])
+    config.model.attention_dropout_rate = 0.1
+    assert trainer.checks.model_config(config, 'gpu').attention == with_dropout
+    config.model.attention_dropout_rate = 0.0
+    assert trainer.checks.model_config(config, 'gpu').attention == without
+
+
 def test_auto_attention_per_platform_dtype_and_head_width():
   config = bert_base.get_config('tiny')
   config.model.attention_dropout_rate = 0.0

@@ -74,6 +74,17 @@ def _check_cudnn_dropout(fields: dict[str, Any]) -> None:
                      'model.attention=xla.')
 
 
+def _gpus_before_ampere() -> bool:
+  """Whether this process runs on GPUs of compute capability below 8.0 (a compile for another
+  GPU's target, aot.py's, is for an A100 or later)."""
+  if jax.default_backend() != 'gpu':
+    return False
+  try:
+    return float(getattr(jax.devices()[0], 'compute_capability', '') or 'nan') < 8.0
+  except ValueError:
+    return False
+
+
 def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   """The fused kernel of the platform where it computes the same function, else XLA's.
 
@@ -85,7 +96,11 @@ def _auto_attention(fields: dict[str, Any], platform: str) -> str:
   (layers.cudnn_dropout_attention), and on an H200 its masks' rates spread twice as wide as
   independent draws would.
   cuDNN takes 16-bit inputs and heads of at most 128 (A100; 256 from H100 on), multiples of 8.
+  GPUs before Ampere (a T4, a V100: Colab's free one) compile neither Triton kernels nor cuDNN's
+  fused attention: XLA's.
   """
+  if platform == 'gpu' and _gpus_before_ampere():
+    return 'xla'
   if fields['attention_dropout_rate']:
     return 'triton' if platform == 'gpu' else 'xla'
   if platform == 'tpu':
