@@ -16,6 +16,12 @@ RUNTIME_PACKAGES = ('jax', 'jaxlib', 'libtpu', 'jax-cuda12-plugin', 'jax-cuda12-
                     'jax-cuda13-plugin', 'jax-cuda13-pjrt')
 
 
+# A pin that another distribution of the same modules satisfies: Colab's full `tensorflow` is
+# the `tensorflow` package that requirements.txt's `tensorflow-cpu` installs (the same folder;
+# installing one over the other breaks both).
+SATISFIED_BY = {'tensorflow-cpu': ('tensorflow', 'tensorflow-gpu')}
+
+
 def _normalized(name: str) -> str:
   return re.sub(r'[-_.]+', '-', name).lower()
 
@@ -47,6 +53,8 @@ def to_install(requirements: str) -> tuple[list[str], list[str]]:
     installed = _installed(name)
     if _normalized(name) in kept and installed is not None:
       continue  # the runtime's build (TPU, CUDA or CPU) stays
+    if installed is None and any(_installed(other) for other in SATISFIED_BY.get(name, ())):
+      continue  # the runtime's own build of the same modules stays
     if installed != version:
       todo.append(f'{name}=={version}')
   constraints = [f'{name}=={_installed(name)}' for name in RUNTIME_PACKAGES if _installed(name)]
@@ -61,13 +69,17 @@ def install(root: str) -> None:
     path = os.path.join(root, '.notebook_constraints.txt')
     with open(path, 'w', encoding='utf-8') as f:
       f.write('\n'.join(constraints) + '\n')
+    # pip's output is captured: a notebook's cell does not show a child process's own output.
     done = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', *todo, '-c', path],
-                          check=False)
+                          check=False, capture_output=True, text=True)
     if done.returncode:
+      print((done.stdout + done.stderr)[-3000:], flush=True)
+      jax_pin = dict(pins(os.path.join(root, 'requirements.txt'))).get('jax')
       raise SystemExit(f'pip could not install {" ".join(todo)} beside the runtime\'s '
-                       f'{", ".join(constraints)} (see above): the project pins '
-                       f'{dict(pins(os.path.join(root, "requirements.txt"))).get("jax")} for jax; '
-                       'pick a runtime with a jax at least that new.')
+                       f'{", ".join(constraints)} (pip\'s last lines above). If it names jax: '
+                       f'the project pins jax {jax_pin}; run !pip install -U "jax[tpu]=={jax_pin}" '
+                       f'(or "jax[cuda12]=={jax_pin}" on a GPU), restart the session (Runtime > '
+                       'Restart session) and run this cell again.')
   else:
     print('Every requirement is installed.', flush=True)
   if root not in sys.path:

@@ -29,6 +29,14 @@ def test_install_keeps_the_runtimes_jax_and_installs_only_what_is_missing(tmp_pa
   # pin, absl-py is already there, the missing package is installed.
   assert todo == ['numpy==0.0.1', 'not-a-real-package==1.0']
   assert constraints == ['jax==9.9.9', 'jaxlib==9.9.9']
+  # Colab's full tensorflow is the package tensorflow-cpu would install over it: kept.
+  requirements.write_text('tensorflow-cpu==2.21.0\nnumpy==0.0.1\n')
+  monkeypatch.setattr(runtime, '_installed', {'tensorflow': '2.19.0', 'numpy': '0.0.1'}.get)
+  assert runtime.to_install(str(requirements))[0] == []
+  monkeypatch.setattr(runtime, '_installed', {'numpy': '0.0.1'}.get)
+  assert runtime.to_install(str(requirements))[0] == ['tensorflow-cpu==2.21.0']
+  requirements.write_text('# pins\njax==0.0.1\njaxlib==0.0.1  # CPU build\nnumpy==0.0.1\n'
+                          'absl-py==2.5.1\nnot-a-real-package==1.0\n-r other.txt\n')
   # On a machine without jax the pins are installed like any other.
   monkeypatch.setattr(runtime, '_installed', {'numpy': '0.0.1'}.get)
   assert runtime.to_install(str(requirements))[0] == [
