@@ -16,7 +16,8 @@ Span metrics per task follow conlleval on BIO ids (objectives/tagging.py):
 `to_bio[t]` maps each label id of the task's encoding (BIOES: S-X -> B-X,
 E-X -> I-X) to its BIO id and `span_tags[t]` lists (B-X, I-X) per type, ()
 for accuracy-only tasks such as part of speech. Metrics are (sum, count)
-pairs; 'loss' is the mean per batch of either kind; a task's `{task}_loss` is its
+pairs; 'loss' is the mean per batch of either kind (the padded last batch of
+an eval weighs its share of real rows); a task's `{task}_loss` is its
 cross-entropy without smoothing (cvt_text evaluates with smoothing 0), its
 smoothed one the objective's `supervised_loss`.
 """
@@ -106,10 +107,12 @@ def _supervised(outputs, batch, tasks, span_tags, to_bio, eps):
     total_ce, total_count = total_ce + ce, total_count + count
   loss = total_ce / jnp.maximum(total_count, 1e-6)
   metrics['supervised_loss'] = lm.pair(total_ce, total_count)
-  # (loss, 1), though one mean: a window of labeled and unlabeled steps logs the mean of their
-  # losses, whose units differ (a token's cross-entropy; a sum over the views), so each step
-  # weighs the same, and so do micro-batches (trainer/steps.py).
-  metrics['loss'] = lm.pair(loss, 1.0)
+  # A batch's mean, weighed by its share of real rows, though one mean: a window of labeled and
+  # unlabeled steps logs the mean of their losses, whose units differ (a token's cross-entropy;
+  # a sum over the views), so each full batch weighs 1, as do micro-batches (trainer/steps.py),
+  # and the padded last batch of an eval only its share.
+  real = batch['example_weights'].astype(jnp.float32).mean()
+  metrics['loss'] = lm.pair(loss * real, real)
   return loss, metrics
 
 
@@ -133,11 +136,12 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def summarize(totals: Mapping[str, np.ndarray]) -> dict[str, float]:
-  """Means of the pairs, and conlleval's span precision, recall and F1 per span task."""
+  """Means of the pairs, and conlleval's span precision, recall and F1 per span task; a
+  task with no rows in `totals` (not drawn in a log window) is left out, not logged as 0."""
   totals = {k: np.asarray(v, np.float64) for k, v in totals.items()}
-  summary = {k: _ratio(v[0], v[1]) for k, v in totals.items()
-             if not k.endswith(_SPAN_COUNTS)}
-  for key in [k for k in totals if k.endswith('_gold_spans')]:
+  summary = {k: float(v[0] / v[1]) for k, v in totals.items()
+             if not k.endswith(_SPAN_COUNTS) and v[1] > 0}
+  for key in [k for k in totals if k.endswith('_gold_spans') and totals[k][1] > 0]:
     name = key[:-len('_gold_spans')]
     gold, predicted, hit = (totals[f'{name}_{k}'][0] for k in _SPAN_COUNTS)
     precision, recall = _ratio(hit, predicted), _ratio(hit, gold)

@@ -85,6 +85,28 @@ def test_label_smoothing_by_hand_and_rows_of_other_tasks_count_nothing():
   assert not any(k.startswith('pos_span') for k in summary)  # accuracy-only task
 
 
+def test_a_task_not_drawn_is_left_out_and_a_padded_batch_weighs_its_real_rows():
+  # A log window whose labeled steps all drew task 0: task 1 has no rows, so no scores (0.0
+  # would read as a perfect loss and an F1 of nothing).
+  logits0, batch = _labeled([[1, 2], [0, 0]], [[1, 2], [0, 0]], task_ids=[0, 0])
+  logits1 = jnp.zeros((2, 2, 5))
+  outputs = {'primary_logits': (logits0, logits1)}
+  _, metrics = consistency.loss_fn(outputs, batch, tasks=('names', 'other'),
+                                   span_tags=(SPANS, SPANS))
+  summary = consistency.summarize(jax.device_get(metrics))
+  assert summary['names_span_f1'] == 1.0 and 'names_loss' in summary
+  assert not any(k.startswith('other_') for k in summary), summary
+  # An eval's last batch, one real row of two: its mean weighs half a full batch's.
+  full_loss, full = consistency.loss_fn(outputs, batch, tasks=('names', 'other'))
+  padded = dict(batch, example_weights=jnp.array([1.0, 0.0]))
+  half_loss, half = consistency.loss_fn({'primary_logits': (logits1, logits1)}, padded,
+                                        tasks=('names', 'other'))
+  totals = jax.tree.map(lambda a, b: a + b, jax.device_get(full), jax.device_get(half))
+  expected = (float(full_loss) + 0.5 * float(half_loss)) / 1.5
+  assert consistency.summarize(totals)['loss'] == pytest.approx(expected, rel=1e-6)
+  assert float(half_loss) == pytest.approx(np.log(5), rel=1e-6)
+
+
 def test_consistency_loss_by_hand():
   teacher = jnp.array([[[0.0, 1.0], [2.0, 0.0], [0.0, 0.0], [5.0, 5.0]]])
   student = jnp.array([[[1.0, 0.0], [0.0, 0.0], [3.0, 1.0], [9.0, 9.0]]])
