@@ -323,14 +323,23 @@ def _write_tables(workdir: str, rows: list[dict], metrics: list[str]) -> str:
   return table
 
 
+def _comparable_loss(curves: dict) -> str:
+  """'task_loss' where every run logs it: a fine-tuning 'loss' adds lambda x the auxiliary LM
+  loss (GPT, sec. 3.2), so variants of lambda would not share a scale; else 'loss'."""
+  logs = [any('task_loss' in line for line in lines)
+          for runs in curves.values() for lines in runs]
+  return 'task_loss' if logs and all(logs) else 'loss'
+
+
 def _plot(workdir: str, rows: list[dict], curves: dict, metric: str) -> None:
   """learning_curves.png (train loss and the eval metric, mean over seeds) and a bar chart."""
   import matplotlib  # pylint: disable=g-import-not-at-top (slow; only the summary needs it)
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(11, 4))
+  loss = _comparable_loss(curves)
   for label, runs in curves.items():
-    for ax, key in ((loss_ax, 'loss'), (metric_ax, metric)):
+    for ax, key in ((loss_ax, loss), (metric_ax, metric)):
       by_step = {}
       for lines in runs:
         for line in lines:
@@ -340,7 +349,7 @@ def _plot(workdir: str, rows: list[dict], curves: dict, metric: str) -> None:
       if steps:
         ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps],
                 marker='o' if key == metric else None, label=label)
-  loss_ax.set(xlabel='step', ylabel='train loss', title='training loss (mean over seeds)')
+  loss_ax.set(xlabel='step', ylabel=f'train {loss}', title=f'training {loss} (mean over seeds)')
   metric_ax.set(xlabel='step', ylabel=metric, title=f'{metric} (mean over seeds)')
   for ax in (loss_ax, metric_ax):
     if ax.lines:

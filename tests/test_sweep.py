@@ -246,6 +246,16 @@ def test_summary_is_mean_and_sample_std_of_each_runs_final_and_best(tmp_path):
     sweep.prepare(_write(tmp_path, TWO_STAGES, 'other.py'), workdir)
 
 
+def test_the_curves_set_task_losses_side_by_side_when_lambda_scales_the_aux_lm():
+  # GPT fine-tuning's 'loss' is task + lambda x LM (sec. 3.2): variants of lambda plot the task's.
+  tuned = {'lm_coef 0': [[{'step': 2, 'loss': 0.7, 'task_loss': 0.7}]],
+           'lm_coef 0.5': [[{'step': 2, 'loss': 2.7, 'task_loss': 0.6}]]}
+  assert sweep._comparable_loss(tuned) == 'task_loss'
+  pretrained = {'a': [[{'step': 2, 'loss': 3.1}]], 'b': [[{'step': 2, 'loss': 3.0}]]}
+  assert sweep._comparable_loss(pretrained) == 'loss'
+  assert sweep._comparable_loss(dict(pretrained, **tuned)) == 'loss'
+
+
 STALE = '''
 def get_sweep(arg=''):
   return dict(stages=(('lm', 'configs/gpt.py:tiny', {{'train.num_steps': {steps},
