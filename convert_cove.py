@@ -122,16 +122,17 @@ def encoder_params(tensors: dict, source: str) -> dict[str, np.ndarray]:
 def glove_vocabulary(glove_file: str, count: int, lower_case: bool
                      ) -> tuple[list[str], np.ndarray]:
   """The first `count` words of a GloVe file (GloVe lists its words most frequent first) and their
-  vectors (count, W); words with white space in them, and repeats once lower-cased, left out."""
+  vectors (count, W); words with white space in them, and repeats, left out. With lower_case,
+  the words the file has in lower case, each with its own vector: the release reads lower-cased
+  text, and torchtext looks a word up as it is ('I' is not 'i', which is its own entry)."""
   words, vectors, seen = [], [], set(words_lib.SPECIAL_WORDS)
   for word, vector in glove.entries(glove_file):
     if len(words) == count:
       break
-    key = word.lower() if lower_case else word
-    if key in seen or any(c.isspace() for c in key):
+    if word in seen or any(c.isspace() for c in word) or (lower_case and word != word.lower()):
       continue
-    seen.add(key)
-    words.append(key)
+    seen.add(word)
+    words.append(word)
     vectors.append(vector)
   return words, np.array(vectors, np.float32).reshape(len(words), -1)
 
@@ -173,7 +174,9 @@ def convert(input_path: str, workdir: str, glove_file: str,
     raise ValueError(f'{input_path}: weight_ih_l0 reads {word_dim}-d word vectors but --glove='
                      f'{glove_file} has {glove.width(glove_file)}-d ones: pass the GloVe file '
                      'the MT-LSTM was trained over (glove.840B.300d.txt).')
-  lower_case = bool(lower_case)  # glove.840B, which the release read, is cased
+  # The release's recipe lower-cases its text (OpenNMT-py's -lower; salesforce/cove's example,
+  # torchtext's lower=True) though glove.840B is cased.
+  lower_case = True if lower_case is None else lower_case
   config = config_for(tensors, input_path, glove_file, lower_case)
   init = convert_checkpoint.model_init(config)
   flat = jax.eval_shape(init)

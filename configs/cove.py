@@ -45,10 +45,13 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.objective = 'seq2seq'
   config.seed = 0
 
-  # MT-Large (sec. 4); max_seq_length counts source words and target subwords. Cased, as
-  # glove.840B is.
+  # MT-Large (sec. 4); max_seq_length counts source words and target subwords.
   data = config.data = common.translation_data(tiny, 'wmt17_translate/de-en',
                                                v['max_seq_length'])
+  # The released model's recipe lower-cases both sides (salesforce/cove's OpenNMT-py README:
+  # lowercase.perl and preprocess.py -lower) though glove.840B is cased; a lower-cased word
+  # reads GloVe's own entry of it (input_pipeline/common/glove.py). Tiny's cipher keeps case.
+  data.lower_case = not tiny
   data.source_tokenizer = 'words'  # the encoder reads word vectors
   # How a source text becomes words (input_pipeline/common/words.py): 'punctuation' for raw
   # text; 'spaces' for text tokenized already (convert_cove.py's release reads text so).

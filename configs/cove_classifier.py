@@ -83,7 +83,8 @@ def get_config(arg: str = 'offline_shuffled') -> ml_collections.ConfigDict:
   data.pipeline = 'word_classification'
   data.task = task
   data.max_seq_length = MAX_SEQ_LENGTH[spec.source]
-  data.lower_case = False  # the CoVe run's casing (glove.840B is cased); checked against it
+  # The CoVe run's casing (its config.json's: the release's and base's lower-case, tiny's not).
+  data.lower_case = ml_collections.FieldReference(None, field_type=bool)
   # The CoVe run's word split (its config.json's; 'spaces' for a converted release).
   data.split_words = ml_collections.FieldReference(None, field_type=str)
   data.max_examples = 20_000  # offline tasks: examples made from the embedded corpus

@@ -315,7 +315,10 @@ def test_tiny_cove_sizes_are_configs_coves():
   theirs = cove_configs.get_config('tiny').model
   for ours, their_field in bcn.INIT_FROM_FIELDS.items():
     assert config.model[ours] == theirs[their_field], ours
-  assert config.data.lower_case == cove_configs.get_config('tiny').data.lower_case
+  # The casing, as the word split, is the CoVe run's (the release's and base's lower-case).
+  assert config.data.lower_case is None
+  tiny_run, base_run = cove_configs.get_config('tiny'), cove_configs.get_config('base')
+  assert tiny_run.data.lower_case is False and base_run.data.lower_case is True
 
 
 def test_the_word_split_comes_from_init_from_and_defaults_without_a_run():
@@ -323,4 +326,4 @@ def test_the_word_split_comes_from_init_from_and_defaults_without_a_run():
   config = cove_classifier.get_config('offline_shuffled,tiny')
   assert config.data.split_words is None
   trainer.checks.inherit_unset_fields(config, None)
-  assert config.data.split_words == 'punctuation'
+  assert config.data.split_words == 'punctuation' and config.data.lower_case is False

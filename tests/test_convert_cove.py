@@ -49,9 +49,10 @@ def _reference_lstm(seed: int = 0) -> torch.nn.LSTM:
 
 
 def _glove_words() -> list[str]:
-  # Cased, as glove.840B; a word with a space inside (840B has some) and a repeat are left out.
-  # '1,000' and '...' are words of 840B's, which a split for raw text would cut.
-  return ['the', 'The', ',', 'cat', 'sat', 'on', 'mat', 'a', '1,000', '...'] + [
+  # Cased, as glove.840B, which lists 'I' before 'i'; a word with a space inside (840B has some)
+  # and a repeat are left out. '1,000' and '...' are words of 840B's, which a split for raw
+  # text would cut.
+  return ['The', 'the', ',', 'cat', 'sat', 'on', 'mat', 'a', '1,000', '...'] + [
       f'w{i}' for i in range(GLOVE_WORDS - 10)]
 
 
@@ -129,7 +130,8 @@ def test_every_layer_matches_torch_lstm_over_padded_sentences(released):
 
 def test_extract_features_matches_the_reference_over_glove(released, tmp_path):
   """extract_features.py --cove_only --glove on the converted workdir: the reference's CoVe of
-  the GloVe vectors, a zero vector for a word GloVe lacks (torchtext's default)."""
+  the GloVe vectors of the lower-cased words (salesforce/cove's example: torchtext's lower=True,
+  then an exact lookup), a zero vector for a word GloVe lacks (torchtext's default)."""
   lstm, _, glove, vectors, workdir = released
   rng = np.random.default_rng(3)
   known = list(vectors)
@@ -148,7 +150,7 @@ def test_extract_features_matches_the_reference_over_glove(released, tmp_path):
   x_BSW = np.zeros((len(words), max(map(len, words)), W), np.float32)
   for row, sentence in enumerate(words):
     for t, word in enumerate(sentence):
-      x_BSW[row, t] = vectors.get(word, 0.0)
+      x_BSW[row, t] = vectors.get(word.lower(), 0.0)
   reference = _mtlstm_layers(lstm, x_BSW, [len(s) for s in words])[-1]
   for row, sentence in enumerate(words):
     n = len(sentence)
@@ -162,17 +164,23 @@ def test_extract_features_matches_the_reference_over_glove(released, tmp_path):
 def test_the_workdir_is_glove_words_the_encoder_and_a_named_untrained_decoder(released, tmp_path):
   _, pth, glove, vectors, workdir = released
   config, _, params, tokenizer = trainer.state.load_trained(workdir, 'cove', 'test')
-  # In the file's order; 'two words' and the second 'cat' left out.
-  assert tokenizer.source.words == ['<S>', '</S>', '<UNK>'] + _glove_words()
+  # In the file's order; 'two words' and the second 'cat' left out, and 'The': the release
+  # reads lower-cased text, and 'the' has its own vector (torchtext's lookup).
+  lower = [w for w in _glove_words() if w == w.lower()]
+  assert len(lower) == GLOVE_WORDS - 1 and config.data.lower_case is True
+  assert tokenizer.source.words == ['<S>', '</S>', '<UNK>'] + lower
   table = np.asarray(params['word_vectors']['table']['embedding'])
   assert table.shape == (config.model.source_vocab_size, W) == (4000, W)
-  np.testing.assert_array_equal(table[3:3 + GLOVE_WORDS], np.stack(list(vectors.values())))
-  assert not table[:3].any() and not table[3 + GLOVE_WORDS:].any()
+  np.testing.assert_array_equal(table[3:3 + len(lower)], np.stack([vectors[w] for w in lower]))
+  assert not table[:3].any() and not table[3 + len(lower):].any()
+  # --lower_case=false keeps the file's words as they are.
+  words, cased = convert_cove.glove_vocabulary(str(glove), 4, lower_case=False)
+  assert words == ['The', 'the', ',', 'cat']
+  np.testing.assert_array_equal(cased, np.stack([vectors[w] for w in words]))
   assert not np.asarray(params['word_vectors']['unknown']).any()
   assert list(config.untrained_params) == ['target_embed', 'decoder', 'output']
   assert config.converted_from == str(pth) and config.data.glove_file == str(glove)
   assert config.train.num_steps == checkpoints.newest_step(workdir) == 0
-  assert config.data.lower_case is False
   # translate.py refuses it in one line.
   source = tmp_path / 'src.txt'
   source.write_text('the cat\n', encoding='utf-8')
@@ -202,7 +210,8 @@ def test_the_bcn_and_the_sweep_read_a_converted_workdir(released):
   config = cove_classifier.get_config('offline_shuffled,tiny')
   config.init_from = workdir
   trainer.checks.inherit_unset_fields(config, None)  # as train.py, before the checks
-  assert config.data.split_words == 'spaces'  # the release's, as its extracted features
+  # The release's split and casing, as its extracted features.
+  assert config.data.split_words == 'spaces' and config.data.lower_case is True
   trainer.checks.check_init_from(config)
   model = bcn.Model(trainer.checks.model_config(config))
   batch = input_pipeline.example_batch(config.data, config.model.vocab_size, batch_size=1)

@@ -271,6 +271,12 @@ def test_glove_file_reading(tmp_path, header):
   table, found = glove.vectors_for(['<S>', 'cat', 'dog', 'at&t inc.'], path)
   np.testing.assert_array_equal(table, [[0, 0, 0], [-1, 0.5, 2], [0, 0, 0], [7, 8, 9]])
   assert found.tolist() == [False, True, False, True]
+  # An uncased vocabulary reads a word's own entry ('i'), though 'I' comes first, and a folded
+  # match only where the file has none (glove.840B has 'Zebra' and no 'zebra', say).
+  cased = _write_glove(tmp_path / 'cased.txt', ['I 1 1 1', 'Zebra 2 2 2', 'i 3 3 3'])
+  table, found = glove.vectors_for(['i', 'zebra', 'dog'], cased, lower_case=True)
+  np.testing.assert_array_equal(table, [[3, 3, 3], [2, 2, 2], [0, 0, 0]])
+  assert found.tolist() == [True, True, False]
   bad = _write_glove(tmp_path / 'bad.txt', _GLOVE + ['dog 1 2'])
   with pytest.raises(ValueError, match='bad.txt:6 has 2 fields'):
     glove.vectors_for(['dog'], bad)

@@ -329,11 +329,14 @@ def inherit_unset_fields(config, workdir: str | None) -> None:
   elif config.get('init_from'):
     source, saved = config.init_from, check_init_from_run(config, need_checkpoint=False)
   else:
-    # Without a run to take it from (bench.py and aot.py on synthetic batches), the split for
-    # raw text; a size and the casing have no such default.
-    if ('data', 'split_words') in unset:
-      unset.remove(('data', 'split_words'))
-      config.data.split_words = _SHAPE_FIELD_DEFAULTS['split_words']
+    # Without a run to take them from (bench.py and aot.py on synthetic batches), the word
+    # split and casing of a word vocabulary (the BCN's: neither changes a compiled step); a size
+    # and a subword vocabulary's casing have no such default.
+    for field, default in (('split_words', _SHAPE_FIELD_DEFAULTS['split_words']),
+                           ('lower_case', False)):
+      if ('data', field) in unset and 'split_words' in config.data:
+        unset.remove(('data', field))
+        config.data[field] = default
     if not unset:
       return
     part, field = unset[0]

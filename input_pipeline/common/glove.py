@@ -72,19 +72,21 @@ def vectors_for(words: list[str], path: str, lower_case: bool = False
                 ) -> tuple[np.ndarray, np.ndarray]:
   """(len(words), width) float32 vectors from the file, zeros where none; and which were found.
 
-  With lower_case, a word takes the vector of its first lower-cased match
-  (a cased file such as glove.840B read by an uncased vocabulary).
+  With lower_case (an uncased vocabulary over a cased file such as glove.840B), a
+  word takes the file's own entry of it, as torchtext looks up a lower-cased
+  word, and the first entry that lower-cases to it only where the file has no
+  such entry: glove.840B lists 'I' before 'i'.
   """
   index = {}
   for i, word in enumerate(words):
     index.setdefault(word, i)
   fold = str.lower if lower_case else str
   table = np.zeros((len(words), width(path)), np.float32)
-  found = np.zeros(len(words), bool)
+  found, exact = np.zeros(len(words), bool), np.zeros(len(words), bool)
   for word, vector in entries(path, parse=lambda word: fold(word) in index):
     i = index.get(fold(word))
-    if vector is not None and not found[i]:
-      table[i], found[i] = vector, True
+    if vector is not None and not exact[i] and (word in index or not found[i]):
+      table[i], found[i], exact[i] = vector, True, word in index
   return table, found
 
 
