@@ -12,8 +12,9 @@ is a 2-layer LSTM with input feeding and global attention over H:
 
 Sizes follow the released model's OpenNMT run: 300-d word vectors, 300
 cells per encoder direction, a 600-cell decoder (OpenNMT's rnn_size 600
-with a bidirectional encoder), dropout 0.2 (OpenNMT-py's Models.py: on the
-inputs of every LSTM layer, on the encoder's states and on h~).
+with a bidirectional encoder), dropout 0.2 (salesforce/cove's OpenNMT-py
+Models.py: on the inputs of every LSTM layer, on the encoder's states, on h~,
+and once more on the decoder's word vector and fed h~ before its first layer).
 
 Batches follow the translation spec with one example per row
 (data.pack=False): source_ids (B, S) word ids, 0 = padding, no end marker;
@@ -168,10 +169,13 @@ class DecoderCell(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     D, X = cfg.decoder_size, H_BSX.shape[-1]
     cells, feed_BD = state
-    x_BI = jnp.concatenate([z_BE.astype(jnp.float32), feed_BD], axis=-1)
+    # As salesforce/cove's OpenNMT-py Decoder: the word vector and the fed h~ each dropped,
+    # then the input of every layer again (its StackedLSTM), the first layer's too.
+    drop = lambda x_BX: Dropout(cfg.dropout_rate)(x_BX, deterministic=deterministic)  # noqa: E731
+    x_BI = jnp.concatenate([drop(z_BE.astype(jnp.float32)), drop(feed_BD)], axis=-1)
     new_cells = []
     for i, (c_BD, h_BD) in enumerate(cells):
-      x_BI = Dropout(cfg.dropout_rate)(x_BI, deterministic=deterministic)
+      x_BI = drop(x_BI)
       c_BD, h_BD = _lstm_cell(self, f'layer{i}', x_BI, c_BD, h_BD, D, dtype)
       new_cells.append((c_BD, h_BD))
       x_BI = h_BD
@@ -185,6 +189,8 @@ class DecoderCell(nn.Module):
     combined_BY = jnp.concatenate([context_BX, s_BD], axis=-1)
     h_tilde_BD = jnp.tanh(dense('BY,YD->BD', (X + D, D), ('embed', 'cell'),
                                 name='attention_output')(combined_BY).astype(jnp.float32))
+    # Dropped once: the softmax reads this h~ and the next step is fed it (and drops it again).
+    h_tilde_BD = drop(h_tilde_BD)
     return (tuple(new_cells), h_tilde_BD), (h_tilde_BD, alpha_BS)
 
 
@@ -244,14 +250,15 @@ class Model(nn.Module):
     cells = tuple((c.astype(jnp.float32), h.astype(jnp.float32)) for c, h in finals)
     return states[-1], (cells, jnp.zeros_like(cells[0][0]))
 
-  def _logits(self, h_tilde: Array, deterministic: bool) -> Array:
-    return self.output(self.dropout(h_tilde, deterministic=deterministic)).astype(jnp.float32)
+  def _logits(self, h_tilde: Array) -> Array:
+    """The softmax's logits of h~, which the decoder cell has dropped already."""
+    return self.output(h_tilde).astype(jnp.float32)
 
   def decode_step(self, state, token_N: Array, H_NSX: Array, source_mask_NS: Array):
     """Logits (N, V) of the token after `token_N`, and the next state (no dropout)."""
     z_NE = self.target_embed(token_N)
     state, (h_tilde_ND, _) = self.decoder(state, z_NE, H_NSX, source_mask_NS, True)
-    return self._logits(h_tilde_ND, True), state
+    return self._logits(h_tilde_ND), state
 
   def __call__(self, batch: Mapping[str, Array], *, deterministic: bool = True
                ) -> dict[str, Array]:
@@ -267,7 +274,7 @@ class Model(nn.Module):
     scan = nn.scan(step, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
                    in_axes=(1, nn.broadcast, nn.broadcast), out_axes=1)
     _, (h_tilde_BLD, alpha_BLS) = scan(self.decoder, start, z_BLE, memory_BSX, source_mask_BS)
-    return {'logits': self._logits(h_tilde_BLD, deterministic), 'cove': H_BSX,
+    return {'logits': self._logits(h_tilde_BLD), 'cove': H_BSX,
             'alpha': alpha_BLS}
 
 

@@ -83,6 +83,39 @@ def test_attention_equations_match_numpy():
   np.testing.assert_allclose(cells[0][1], s, atol=1e-5)
 
 
+def test_decoder_dropout_is_placed_as_the_released_models_opennmt():
+  # salesforce/cove's OpenNMT-py Decoder drops the word vector and the fed h~, its StackedLSTM
+  # drops each layer's input again (the first's too), and the h~ the softmax reads, which the
+  # next step is fed, is dropped once. At rate 0.5 a word vector's entry and the fed h~'s reach
+  # the first layer with probability 0.25 each, and the h~ out is 0 or twice a tanh.
+  rate, B, S = 0.5, 4000, 3
+  cfg = _config(num_encoder_layers=1, num_decoder_layers=1, dropout_rate=rate)
+  cell = cove.DecoderCell(cfg)
+  E, D, X = cfg.target_embed_dim, cfg.decoder_size, 2 * cfg.hidden_size
+  rng = np.random.default_rng(0)
+  H = jnp.asarray(rng.normal(size=(B, S, X)), jnp.float32)
+  mask = jnp.ones((B, S), jnp.int32)
+  zeros = jnp.zeros((B, D))
+  state = (((zeros, zeros),), zeros)
+  z = jnp.zeros((B, E))
+  params = nn.meta.unbox(cell.init(jax.random.key(0), state, z, H, mask, True)['params'])
+  for row, (z_in, feed_in) in ((0, (z.at[:, 0].set(1.0), zeros)),
+                               (E, (z, zeros.at[:, 0].set(1.0)))):
+    # Every gate of every unit reads input `row` alone: a cell is nonzero where it arrived.
+    kernel = jnp.zeros_like(params['layer0_input_kernel']).at[row].set(1.0)
+    reading = dict(params, layer0_input_kernel=kernel,
+                   layer0_recurrent_kernel=jnp.zeros_like(params['layer0_recurrent_kernel']))
+    (cells, h_tilde), (out, _) = cell.apply(
+        {'params': reading}, (((zeros, zeros),), feed_in), z_in, H, mask, False,
+        rngs={'dropout': jax.random.key(1)})
+    arrived = float((np.asarray(cells[0][0])[:, 0] != 0).mean())
+    assert arrived == pytest.approx(0.25, abs=0.03), (row, arrived)
+    h_tilde = np.asarray(h_tilde)
+    np.testing.assert_array_equal(h_tilde, out)  # what the softmax reads is what is fed
+    assert (h_tilde != 0).mean() == pytest.approx(1 - rate, abs=0.03)
+    assert np.abs(h_tilde).max() > 1.0 and np.abs(h_tilde).max() <= 1 / (1 - rate) + 1e-6
+
+
 def test_the_decoder_starts_from_the_encoders_final_states():
   # OpenNMT-py's NMTModel (_fix_enc_hidden): decoder layer l starts from encoder layer l's final
   # (c, h), forward and backward side by side: the forward's after the last word, the
