@@ -1,6 +1,7 @@
 """Every mistake a user can make stops train.py with one line naming the fix, before compiling."""
 
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -177,7 +178,7 @@ def test_without_an_accelerator_the_plugins_say_nothing(tmp_path):
   """requirements-dev.txt installs libtpu and the CUDA plugin. On a machine with neither chip
   (and JAX_PLATFORMS unset) train.py leaves JAX on the CPU, so a bad value gives its one line
   and nothing else: no libtpu E0000 lines, no cuInit traceback."""
-  pytest.importorskip('libtpu')
+  assert importlib.util.find_spec('libtpu'), 'requirements-dev.txt installs libtpu'
   if not host_memory.cpu_backend_expected():
     pytest.skip('this machine has an accelerator')
   env = {k: v for k, v in os.environ.items() if k not in ('JAX_PLATFORMS', 'XLA_FLAGS')}
@@ -236,7 +237,15 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
       'dropout from here on: pass a new --workdir for this run, or set --config.seed=0 to resume '
       'that run.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
-  # What may change on resuming (rates, dtype, the number of steps, the clipping threshold) is
+  # Fewer steps would report a run stopped at step 4 of 600 as finished at 4 (exit 0).
+  config = bert_config('tiny')
+  config.train.num_steps = 4
+  with pytest.raises(ValueError, match=re.escape(
+      'holds a run of train.num_steps=600 (its newest checkpoint is step 4) and this config has '
+      '4: a run is not cut short, its schedule runs to 600: set --config.train.num_steps=600 (or '
+      'more) to resume it, or pass a new --workdir for this run.')):
+    checks.check_run_directories(config, str(tmp_path / 'bert'))
+  # What may change on resuming (rates, dtype, more steps, the clipping threshold) is
   # no other run.
   config = bert_config('tiny')
   config.model.dropout_rate, config.train.num_steps, config.model.dtype = 0.0, 900, 'float32'

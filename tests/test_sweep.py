@@ -287,6 +287,14 @@ def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
   assert not any(map(runner.finished, runs))
   runner.check_unchanged(runs)
   assert [r['runs'] for r in sweep.summarize(workdir)] == ['0/2', '0/2']
+  # Fewer steps: train.py refuses a run with a checkpoint (it would be finished early), so the
+  # sweep does before anything runs; one without a checkpoint starts afresh.
+  runs = prepared(steps=5)
+  runner.check_unchanged(runs)
+  os.makedirs(os.path.join(runs[0].workdir, 'checkpoints', '10'))
+  with pytest.raises(ValueError, match=r'lm/seed=0 ran with train.num_steps=10 but the sweep now '
+                     r'asks train.num_steps=5: undo the change'):
+    runner.check_unchanged(runs)
   # Another setting: refused in one line before anything runs.
   runs = prepared(lr=3e-3)
   assert not any(map(runner.finished, runs))

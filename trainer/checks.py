@@ -229,6 +229,16 @@ def check_workdir(config, workdir: str) -> None:
                      f'and this config has {config.seed}, which draws other data and dropout '
                      f'from here on: {new_workdir}, or set --config.seed={saved["seed"]} to '
                      'resume that run.')
+  # The schedule runs to train.num_steps, and a run is finished there: fewer would call a run
+  # stopped part of the way finished (exit 0, its config.json rewritten, an init_from accepted)
+  # or leave a longer schedule's run standing for a shorter one. More trains further.
+  theirs, ours = saved.get('train', {}).get('num_steps'), config.train.get('num_steps')
+  if theirs is not None and ours is not None and ours < theirs:
+    raise ValueError(f'--workdir={workdir} holds a run of train.num_steps={theirs} (its newest '
+                     f'checkpoint is step {checkpoints.newest_step(workdir)}) and this config '
+                     f'has {ours}: a run is not cut short, its schedule runs to {theirs}: set '
+                     f'--config.train.num_steps={theirs} (or more) to resume it, or '
+                     f'{new_workdir}.')
   # Clipping on or off is another optimizer state (optax.chain's); its threshold may change.
   theirs, ours = saved.get('optimizer', {}).get('clip_norm'), config.optimizer.get('clip_norm')
   if theirs is not None and ours is not None and bool(theirs) != bool(ours):

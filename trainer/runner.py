@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from trainer import checkpoints
 from trainer import cli
 from trainer import slices
 from trainer import slurm
@@ -105,12 +106,14 @@ def started_from(run: Any) -> int | None:
 
 def check_unchanged(runs: list[Any]) -> None:
   """One line naming the fix for a run that ran with other settings than the sweep now asks
-  (more or fewer train.num_steps are the run's to catch up on, or not: it is then unfinished),
-  or that started from a state of its init_from run other than the one the sweep now trains
-  that run to (the fine-tuning of a pretraining since extended)."""
+  (more train.num_steps are the run's to catch up on: it is then unfinished; fewer, once it
+  has a checkpoint, train.py refuses: trainer.checks.check_workdir), or that started from a
+  state of its init_from run other than the one the sweep now trains that run to (the
+  fine-tuning of a pretraining since extended)."""
   by_workdir = {run.workdir: run for run in runs}
   for run in runs:
-    changed = [c for c in changes(run) if c[0] != 'train.num_steps']
+    changed = [c for c in changes(run) if c[0] != 'train.num_steps' or (
+        c[1] != _ABSENT and c[2] < c[1] and checkpoints.exist(run.workdir))]
     if changed:
       field, saved, value = changed[0]
       raise ValueError(f'{run.workdir} ran with {field}={json.dumps(saved)} but the sweep now '
