@@ -177,7 +177,7 @@ def test_synthetic_language_needs_the_unlabeled_text():
 
 
 def test_conll2003_columns_through_tfds(config, vocab, tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   sentences = [('Peter Blackburn runs', [1, 2, 0], [22, 22, 42], [11, 12, 21]),
                ('EU rejects lamb', [3, 0, 0], [22, 42, 21], [11, 21, 11])]

@@ -62,7 +62,9 @@ def test_cvt_reaches_at_least_the_supervised_baseline(runs):
   print(f"offline_names span F1 with 200 labeled sentences: CVT {f1['cvt']:.3f}, "
         f"supervised only {f1['supervised']:.3f}")
   assert f1['supervised'] > 0.3  # both learn the task
-  assert f1['cvt'] >= f1['supervised']
+  # 0.985 against 0.928 at f3725fd; a CVT whose auxiliary modules learned nothing scored
+  # 0.915-0.938 against 0.922-0.928 (docs/cvt.md): a tie is no pass.
+  assert f1['cvt'] >= f1['supervised'] + 0.02
 
 
 @pytest.mark.slow

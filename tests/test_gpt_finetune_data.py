@@ -431,7 +431,7 @@ def _mock(tfds):
 
 
 def test_tfds_glue_task(tmp_path, tokenizer):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   data_cfg = _data_cfg(tmp_path, task='mrpc', max_seq_length=24)
   with _mock(tfds):
     expected = list(tfds.as_numpy(tfds.load('glue/mrpc', split='validation',
@@ -454,7 +454,7 @@ def test_tfds_glue_task(tmp_path, tokenizer):
 
 
 def test_tfds_regression_and_split_names(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   seen = []
   with _mock(tfds):
     mocked = tfds.core.DatasetBuilder.as_dataset  # the mock's
@@ -475,7 +475,7 @@ def test_tfds_regression_and_split_names(tmp_path):
 
 
 def test_tfds_drops_examples_without_a_gold_label_and_checks_features(tmp_path, monkeypatch):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   rows = [{'premise': b'p0', 'hypothesis': b'h0', 'label': np.int64(2)},
           {'premise': b'p1', 'hypothesis': b'h1', 'label': np.int64(-1)},
           {'premise': b'p2', 'hypothesis': b'h2', 'label': np.int64(0)}]

@@ -122,7 +122,7 @@ def _mock_texts(tfds, n):
 
 
 def test_tfds_documents(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   texts = _mock_texts(tfds, 6)
   data_cfg = _tfds_cfg(tmp_path, eval_holdout=3)
   with tfds.testing.mock_data(num_examples=6,
@@ -145,7 +145,7 @@ def test_tokenized_tfds_text_is_one_sentence_a_line(tmp_path, monkeypatch):
   # lm1b read as bilm-tf reads it (data.split_words=spaces): 'Sen. Barack Obama , D-Ill. ,
   # said .' is one sentence, where the split for raw text would end one at 'Sen.'. Here a
   # splitter that cuts at every space stands in for it (the mock's texts have no sentence end).
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   monkeypatch.setattr(sources, 'split_sentences', str.split)
   texts = _mock_texts(tfds, 3)
   with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
@@ -159,7 +159,6 @@ def test_tokenized_tfds_text_is_one_sentence_a_line(tmp_path, monkeypatch):
 def test_a_tfds_name_tfds_does_not_know_is_one_line_with_the_nearest_name(tmp_path):
   """Before the model is built (input_pipeline.check_source, called by trainer.loop.setup);
   TFDS's own error lists every dataset it has, 457 lines."""
-  pytest.importorskip('tensorflow_datasets')
   import input_pipeline  # pylint: disable=g-import-not-at-top
   for name, near in (('lm1bb', " (did you mean 'lm1b'?)"), ('no_such_dataset_xyz', '')):
     with pytest.raises(ValueError) as error:
@@ -179,7 +178,7 @@ class _FiveExamplesPerSlice(dict):
 
 
 def test_tfds_holdout_index_counts_from_the_start_of_the_split(tmp_path, monkeypatch):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   texts = _mock_texts(tfds, 5)
   monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
                       property(lambda self: _FiveExamplesPerSlice()))
@@ -193,7 +192,7 @@ def test_tfds_holdout_index_counts_from_the_start_of_the_split(tmp_path, monkeyp
 
 
 def test_tfds_hosts_read_disjoint_slices(tmp_path, monkeypatch):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
                       property(lambda self: _FiveExamplesPerSlice()))
   data_cfg = _tfds_cfg(tmp_path, eval_holdout=3)
@@ -219,7 +218,7 @@ def test_a_prepared_tfds_source_is_read_without_waiting_for_the_other_hosts(tmp_
   # Each shard reads its documents again at its own step of a pass, in a data thread or worker
   # process; a wait for the other hosts there met their other collectives. train.py prepares
   # (and waits) once, at its start, on every host: input_pipeline.prepare_source.
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   import input_pipeline  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(tfds.core.DatasetInfo, 'splits',
                       property(lambda self: _FiveExamplesPerSlice()))

@@ -381,7 +381,7 @@ def _fake_squad(self, split, **kwargs):
 
 
 def test_tfds_squad(shared_data_dir, tokenizer):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   cfg = data_config(shared_data_dir, task='squad', max_seq_length=24, max_query_length=8,
                     doc_stride=4)
   with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE, as_dataset_fn=_fake_squad):

@@ -342,5 +342,7 @@ def test_length_penalty_and_the_finished_hypothesis_it_prefers():
   # With alpha 0 the short hypothesis wins; its score is its log-probability over lp(2) otherwise.
   _, scores = decoding.beam_search(step, jnp.zeros(4), 1, beam_size=4, bos_id=BOS, eos_id=EOS,
                                    max_length=6, alpha=1.0)
-  best_short = np.log(0.4) / ((5 + 2) / 6)
-  assert scores[0] >= best_short - 1e-5
+  # 4 then EOS is the best under the penalty too (3 5 EOS: log 0.21 / (8/6) = -1.17): its score
+  # exactly, so that a penalty of another length (lp(3), say: -0.69) fails.
+  best_short = _score(logp, [4, EOS]) / ((5 + 2) / 6)
+  np.testing.assert_allclose(scores[0], best_short, rtol=1e-5)

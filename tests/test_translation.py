@@ -88,7 +88,7 @@ def test_offline_task_pairs_are_short_sentences_and_their_cipher(tmp_path):
 
 
 def test_tfds_pairs_through_mock_data(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets as tfds  # pinned: a broken install fails, never skips
   cfg = _data_cfg(tmp_path, pairs='tfds', tfds_name='wmt14_translate/de-en',
                   tfds_eval_split='validation')
   with tfds.testing.mock_data(num_examples=5, policy=tfds.testing.MockPolicy.USE_CODE):
