@@ -25,9 +25,9 @@ stage's run, so a pretraining shared by every variant runs once per seed.
 Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the command that
 --print_commands prints. A finished run (its results line at train.num_steps) is skipped, an
 unfinished one resumes from its checkpoint: after an interruption the same command goes on.
-A run whose config.json differs from what the sweep now asks (an override, its seed, or its
-config file's num_steps changed since) is not finished; a change other than train.num_steps
-stops the sweep in one line before anything runs.
+A run whose config.json differs from what the sweep now asks (an override, its seed, or a
+field of its config file changed since) is not finished; a change other than more
+train.num_steps stops the sweep in one line before anything runs.
 Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
 of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
 starts from has finished (trainer/runner.py); --slurm writes (and submits) one SLURM job per

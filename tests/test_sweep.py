@@ -303,6 +303,32 @@ def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
     runner.check_unchanged(runs)
 
 
+def test_a_stage_config_file_edited_since_its_runs_is_a_change(tmp_path):
+  """Not only its train.num_steps: a learning rate edited in the config file would leave the
+  old runs standing for the new sweep."""
+  stage = tmp_path / 'my_gpt.py'
+  original = open(os.path.join(ROOT, 'configs', 'gpt.py'), encoding='utf-8').read()
+  stage.write_text(original)
+  text = STALE.format(steps=10, lr=1e-3).replace("'optimizer.learning_rate': 0.001",
+                                                 "'model.dropout_rate': 0.1")
+  text = text.replace('configs/gpt.py:tiny', f'{stage}:tiny')
+  workdir = str(tmp_path / 'w')
+  runs = sweep.unique_runs(sweep.prepare(_write(tmp_path, text), workdir))
+  for run in runs:
+    _fake_run(run, [(5, 0.5)], 0.5)
+  assert all(map(runner.finished, runs))
+  runner.check_unchanged(runs)
+  edited = original.replace('learning_rate=1e-3),', 'learning_rate=3e-3),', 1)
+  assert edited != original
+  stage.write_text(edited)
+  runner._requested.cache_clear()  # a new sweep.py process reads the file again
+  runner._config.cache_clear()
+  assert not any(map(runner.finished, runs))
+  with pytest.raises(ValueError, match=r'ran with optimizer.learning_rate=0.001 but the sweep '
+                     r'now asks optimizer.learning_rate=0.003: undo the change'):
+    runner.check_unchanged(runs)
+
+
 CHAIN = '''
 def get_sweep(arg=''):
   return dict(stages=(('lm', 'configs/gpt.py:tiny', {{'train.num_steps': {steps}}}),

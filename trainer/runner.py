@@ -53,12 +53,36 @@ def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
 
 
 def requested(run: Any) -> dict[str, Any]:
-  """What the sweep asks of the run, as its config.json holds it (tuples as lists): its config
-  file's train.num_steps, the seed, and each override (dotted field -> value)."""
-  path, _, variant = run.config.partition(':')
-  fields = {'train.num_steps': _config(path, variant).train.num_steps, 'seed': run.seed,
-            **dict(run.overrides)}
-  return {k: json.loads(json.dumps(v)) for k, v in fields.items()}
+  """What the sweep asks of the run, as its config.json holds it (tuples as lists; dotted field
+  -> value): the seed, each override, and every other field of its config file (with the
+  overrides set, as train.py sets them) but those left unset (None: taken from init_from) and
+  config.init_from (the sweep's to give, by a path of any spelling: started_from checks it)."""
+  return json.loads(_requested(run.config, run.seed, json.dumps(run.overrides)))
+
+
+@functools.lru_cache(maxsize=None)
+def _requested(config_arg: str, seed: int, overrides: str) -> str:
+  path, _, variant = config_arg.partition(':')
+  config = cli.config_from_file(os.path.join(ROOT, path), variant)  # a fresh one: set below
+  for key, value in [('seed', seed)] + json.loads(overrides):
+    *parents, last = key.split('.')
+    node = config
+    for part in parents:
+      node = node[part]
+    node[last] = tuple(value) if isinstance(node[last], tuple) else value
+  fields = {k: v for k, v in _leaves(json.loads(config.to_json_best_effort())).items()
+            if v is not None and k != 'init_from'}
+  return json.dumps({**fields, 'seed': seed, **dict(json.loads(overrides))})
+
+
+def _leaves(tree: dict, prefix: str = '') -> dict[str, Any]:
+  found = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      found.update(_leaves(value, f'{prefix}{key}.'))
+    else:
+      found[prefix + key] = value
+  return found
 
 
 _ABSENT = '(absent)'
@@ -80,12 +104,13 @@ def changes(run: Any, saved: dict | None = None) -> list[tuple[str, Any, Any]]:
   saved = saved or _saved_config(run)
   if saved is None:
     return []
-  found = []
+  found, asked = [], {key for key, _ in run.overrides} | {'seed', 'train.num_steps'}
   for field, value in requested(run).items():
     node = saved
     for part in field.split('.'):
       node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
-    if node != value:
+    # A field the run's code had not yet (absent from its config.json) counts only if asked.
+    if node != value and (node != _ABSENT or field in asked):
       found.append((field, node, value))
   return found
 
