@@ -248,7 +248,9 @@ def run_all(runs: list[Any], workdir: str,
     free.sort(key=lambda s: s.index if s else 0)
     code = child.returncode
     on = f' (on {where.describe()})' if where else ''
-    if stopping:
+    # The sweep's SIGTERM: 75 after a checkpoint (a run killed by it before train.py set its
+    # handler has none to lose); any other exit is the run's own, said as such.
+    if stopping and code in (stop_lib.RESUME_EXIT_STATUS, -signal.SIGTERM):
       stopped.append(run.workdir)
       return
     if code == stop_lib.RESUME_EXIT_STATUS:  # a signal that was not the sweep's own
@@ -297,9 +299,9 @@ def run_all(runs: list[Any], workdir: str,
       for child in exited:
         finish(child)
       if stopping and not running:
-        raise Interrupted(f'stopped during {", ".join(stopped)}; '
-                          f'{"it" if len(stopped) == 1 else "each"} saved a checkpoint, and the '
-                          'same sweep command goes on from there.')
+        during = (f'stopped during {", ".join(stopped)}; {"it" if len(stopped) == 1 else "each"}'
+                  ' saved a checkpoint, and ' if stopped else 'stopped; ')
+        raise Interrupted(f'{during}the same sweep command goes on from there.')
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
