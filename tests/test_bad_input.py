@@ -237,6 +237,14 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
       'dropout from here on: pass a new --workdir for this run, or set --config.seed=0 to resume '
       'that run.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
+  # Its data position counts chunks of docs_per_chunk documents and the examples of each.
+  for field, value in (('docs_per_chunk', 7), ('max_seq_length', 64), ('eval_holdout', 3),
+                       ('files', 'more.txt')):
+    config = bert_config('tiny')
+    config.data[field] = value
+    with pytest.raises(ValueError, match=re.escape(f'and this config has {value}, so it cannot '
+                                                   f'resume it')):
+      checks.check_run_directories(config, str(tmp_path / 'bert'))
   # Fewer steps would report a run stopped at step 4 of 600 as finished at 4 (exit 0).
   config = bert_config('tiny')
   config.train.num_steps = 4

@@ -175,10 +175,13 @@ def _as_json(value: Any) -> Any:
 
 
 # Fields besides the model's a run cannot resume with other values: they change the optimizer
-# state's form or the ids the data is read as (the model's are checked on its parameters:
+# state's form, the ids the data is read as, or what its saved data position counts (the chunks
+# of documents and the examples made of each; the model's are checked on its parameters:
 # check_resumable_params).
 _RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'tokenizer'),
-                  ('data', 'lower_case'), ('data', 'split_words'), ('data', 'normalize_words'))
+                  ('data', 'lower_case'), ('data', 'split_words'), ('data', 'normalize_words'),
+                  ('data', 'files'), ('data', 'docs_per_chunk'), ('data', 'eval_holdout'),
+                  ('data', 'max_seq_length'))
 # What a run saved before a field of _RESUME_FIELDS existed did (CVT's words as written).
 _RESUME_DEFAULTS = {'normalize_words': False}
 
