@@ -3,6 +3,7 @@ of every run's start on this machine); the writer imports tensorboardX without i
 not installed the test still checks the event file and that `import torch` is not left blocked."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,19 @@ def test_results_count_only_at_the_step_asked_for(tmp_path):
       '{"step": 6, "loss": 1.5}\n{"step": 6, "eval_loss": 0.9}\n')
   assert metric_writer.has_results(str(tmp_path), 4)
   assert not metric_writer.has_results(str(tmp_path), 6)
+
+
+def test_a_resume_drops_the_lines_after_its_checkpoint_and_finds_its_eval(tmp_path):
+  # Killed after logging steps 5 and 6, resumed from the checkpoint of step 4: they are logged
+  # again, once; TensorBoard hides the killed run's events from step 5 (purge_step).
+  from trainer import metric_writer  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 2, "loss": 2.0}\n{"step": 4, "loss": 1.8}\n'
+                  '{"step": 4, "eval_loss": 1.7}\n{"step": 6, "loss": 1.6}\n{"step": 6, "ev')
+  assert metric_writer.has_eval(str(tmp_path), 4) and not metric_writer.has_eval(str(tmp_path), 2)
+  writer = metric_writer.MetricWriter(str(tmp_path), total_steps=8, resumed_step=4)
+  assert writer._tb.purge_step == 5  # pylint: disable=protected-access
+  writer.write(6, {'loss': 1.5})
+  writer.close()
+  steps = [json.loads(line)['step'] for line in path.read_text().splitlines()]
+  assert steps == [2, 4, 4, 6]

@@ -305,6 +305,31 @@ def test_a_run_stopped_in_its_final_eval_evaluates_when_run_again(data_dir, tmp_
   assert [r['step'] for r in again] == [4, 6]
 
 
+@pytest.mark.slow  # an interrupted run, as the fault suite's
+def test_a_run_killed_in_an_eval_before_its_end_evaluates_that_step_and_logs_each_step_once(
+    data_dir, tmp_path):
+  config = finetune_micro_config(data_dir, num_steps=4, checkpoint_every=2, eval_every=2,
+                                 log_every=1)
+  trainer.loop.train_and_evaluate(config, str(tmp_path), stop_after_steps=2)
+  path = tmp_path / 'metrics.jsonl'
+  lines = [json.loads(line) for line in path.read_text().splitlines()]
+  evals = [line for line in lines if 'eval_accuracy' in line]
+  assert [line['step'] for line in evals] == [2]
+  # As if killed during step 2's eval (its checkpoint complete) by a run that had logged step
+  # 3 before: the eval line lost, step 3's line written but never saved.
+  kept = [line for line in lines if 'eval_accuracy' not in line]
+  path.write_text(''.join(json.dumps(line) + '\n'
+                          for line in kept + [{'step': 3, 'loss': 99.0}]))
+  trainer.loop.train_and_evaluate(config, str(tmp_path))
+  lines = [json.loads(line) for line in path.read_text().splitlines()]
+  again = [line for line in lines if 'eval_accuracy' in line]
+  assert [line['step'] for line in again] == [2, 4]
+  assert again[0]['eval_accuracy'] == evals[0]['eval_accuracy']
+  train_steps = [line['step'] for line in lines if 'loss' in line]
+  assert train_steps == [1, 2, 3, 4] and 99.0 not in [line['loss'] for line in lines
+                                                      if 'loss' in line]
+
+
 def test_each_host_holds_batch_shards_of_its_own():
   mesh_cfg = (('tensor', 2), ('data', -1), ('fsdp', 1))
   mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:4])

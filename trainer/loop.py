@@ -356,10 +356,13 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       print(f'{run.config.model_name}: {sum(x.size for x in jax.tree.leaves(state.params)):,} '
             f'parameters; mesh {dict(run.mesh.shape)}; starting at step {step}/{tc.num_steps}.',
             flush=True)
-    writer = metric_writer.MetricWriter(run.workdir, tc.num_steps)
+    writer = metric_writer.MetricWriter(run.workdir, tc.num_steps, step)
     progress, start_step = Progress(run, step, stop), step
     if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir, step)):
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
+    elif (0 < step < tc.num_steps and step % tc.eval_every == 0
+          and not _agreed(metric_writer.has_eval(run.workdir, step))):
+      evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during that eval
     elif step >= tc.num_steps and jax.process_index() == 0:
       print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
             'train further.', flush=True)

@@ -38,6 +38,16 @@ def has_results(workdir: str, step: int) -> bool:
     return any('results' in line and line.get('step') == step for line in lines)
 
 
+def has_eval(workdir: str, step: int) -> bool:
+  """Whether the run's metrics.jsonl holds an eval line at `step`."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding='utf-8') as f:
+    lines = (json.loads(line) for line in f if '"eval_' in line and line.endswith('\n'))
+    return any(line.get('step') == step and 'results' not in line for line in lines)
+
+
 def _drop_unfinished_line(path: str) -> None:
   """Cuts a last line that a killed run left half-written, so that appended lines stay JSON."""
   if not os.path.exists(path):
@@ -48,11 +58,29 @@ def _drop_unfinished_line(path: str) -> None:
       f.truncate(data.rfind(b'\n') + 1)
 
 
-def _summary_writer(directory: str):
+def _drop_lines_after(path: str, step: int) -> None:
+  """Cuts the lines of steps after `step`, the checkpoint a run resumes from: a run killed
+  later logged them, and logs them again (one line per logged step)."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    lines = f.read().splitlines(keepends=True)
+    keep = 0
+    for keep, line in enumerate(lines):
+      if json.loads(line).get('step', 0) > step:
+        break
+    else:
+      return
+    f.seek(sum(len(line) for line in lines[:keep]))
+    f.truncate()
+
+
+def _summary_writer(directory: str, purge_step: int | None):
   """tensorboardX's SummaryWriter, imported without torch. Its writer module imports torch
   wherever torch is installed, only to accept torch tensors, which this writer never passes
   (floats only): 1.3 s of every run's start and torch's memory here. A process that has
-  imported torch already keeps it."""
+  imported torch already keeps it. TensorBoard hides the events of a killed run's steps from
+  `purge_step` on."""
   blocked = 'torch' not in sys.modules
   if blocked:
     sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX expects
@@ -61,13 +89,13 @@ def _summary_writer(directory: str):
   finally:
     if blocked:
       del sys.modules['torch']
-  return SummaryWriter(directory)
+  return SummaryWriter(directory, purge_step=purge_step)
 
 
 class MetricWriter:
   """One JSON object per logged step; TensorBoard scalars; one console line."""
 
-  def __init__(self, workdir: str, total_steps: int):
+  def __init__(self, workdir: str, total_steps: int, resumed_step: int | None = None):
     self.total_steps = total_steps
     self.active = jax.process_index() == 0
     self._jsonl = None
@@ -75,8 +103,11 @@ class MetricWriter:
     if self.active:
       path = os.path.join(workdir, 'metrics.jsonl')
       _drop_unfinished_line(path)
+      if resumed_step is not None:
+        _drop_lines_after(path, resumed_step)
       self._jsonl = open(path, 'a', encoding='utf-8')
-      self._tb = _summary_writer(os.path.join(workdir, 'tensorboard'))
+      self._tb = _summary_writer(os.path.join(workdir, 'tensorboard'),
+                                 None if resumed_step is None else resumed_step + 1)
 
   def write(self, step: int, metrics: dict[str, float], *, prefix: str = '',
             steps_per_sec: float | None = None, fields: dict[str, int] | None = None) -> None:
