@@ -147,6 +147,30 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_before
 
 
 @pytest.mark.slow
+def test_a_read_that_fails_once_is_tried_again_and_sets_nothing_aside(
+    six_steps, tmp_path, monkeypatch):
+  # A network file system's timeout on the first read: the run resumes from its newest step
+  # (before, step 4 went to unreadable_checkpoints/ and the run went back to step 2).
+  run = six_steps.copy_stopped(tmp_path / 'run')
+  read, failures = ocp.CheckpointManager.restore, []
+
+  def flaky(self, step, *args, **kwargs):
+    if not failures and 'state' in kwargs.get('args', {}):  # the state's read, not the data's
+      failures.append(step)
+      raise OSError('Connection timed out')
+    return read(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', flaky)
+  monkeypatch.setattr(checkpoints, 'RETRY_SECONDS', 0.0, raising=False)
+  resumed = trainer.loop.train_and_evaluate(six_steps.config, run)
+  assert failures == [4] and not os.path.exists(os.path.join(run, 'unreadable_checkpoints'))
+  assert_same_arrays(jax.device_get(resumed.params), six_steps.straight)
+  lines = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
+  assert [line['step'] for line in lines if 'loss' in line] == sorted(
+      {line['step'] for line in lines if 'loss' in line})  # resumed at 4: no step logged twice
+
+
+@pytest.mark.slow
 def test_flipped_bytes_in_any_array_file_give_one_quiet_line(six_steps, tmp_path, capfd):
   """Which reads are under way when one fails depends on the bytes hit: each file in turn. Each
   run restores and stops before its first step (stop_after_steps=0): the line and the noise of

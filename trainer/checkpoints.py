@@ -205,20 +205,13 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
   fails leaves its full error, and whatever the reads it abandoned print, in `log` alone."""
   why = None
   try:
-    with restore_log.held_stderr(log):
-      try:
-        restored = mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-      except Exception as error:  # pylint: disable=broad-except (any unreadable file)
-        why = _unreadable_reason(error)
-        with open(log, 'a', encoding='utf-8') as f:
-          f.write(f'Checkpoint step {step} in {mngr.directory}:\n'
-                  + ''.join(traceback.format_exception(error)))
-        restore_log.log_abandoned_reads(log)
-        del error  # its frames hold the abandoned reads: they are collected, and say so, here
-        time.sleep(1)
-        gc.collect()
-        raise _Unreadable() from None
+    try:
+      restored = _read(mngr, step, abstract_state, log)
+    except _Unreadable:
+      # A read can fail for a while (a network file system's timeout, a busy disk): once more
+      # before the step counts as unreadable and is set aside, the run going back to an older.
+      time.sleep(RETRY_SECONDS)
+      restored = _read(mngr, step, abstract_state, log)
     data = restored['data']
     shards = data.get('shards', data.get('hosts'))  # 'hosts': checkpoints of before elastic resume
     bad = non_finite(restored['state'])
@@ -226,8 +219,8 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
     why = (f'{bad[0]} is not finite' if bad else
            f'{changed[0]} does not match the checksum saved with it' if changed else
            None if isinstance(shards, list) and shards else 'its data position is missing')
-  except _Unreadable:
-    pass
+  except _Unreadable as error:
+    why = str(error)
   # Every host falls back if one finds its part not finite or changed. A read that raises on
   # one host alone leaves the others in orbax's restore barrier: the job fails (not covered).
   if jax.process_count() > 1:
@@ -243,7 +236,28 @@ def _restore_step(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, l
 
 
 class _Unreadable(Exception):
-  """A checkpoint's read failed (its error is in the restore log)."""
+  """A checkpoint's read failed (its error is in the restore log); the message says why."""
+
+
+RETRY_SECONDS = 2.0  # before a failed read is tried again
+
+
+def _read(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, log: str) -> Any:
+  """Checkpoint `step` as read; _Unreadable (why, in a few words) where the read fails."""
+  with restore_log.held_stderr(log):
+    try:
+      return mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    except Exception as error:  # pylint: disable=broad-except (any unreadable file)
+      why = _unreadable_reason(error)
+      with open(log, 'a', encoding='utf-8') as f:
+        f.write(f'Checkpoint step {step} in {mngr.directory}:\n'
+                + ''.join(traceback.format_exception(error)))
+      restore_log.log_abandoned_reads(log)
+      del error  # its frames hold the abandoned reads: they are collected, and say so, here
+      time.sleep(1)
+      gc.collect()
+  raise _Unreadable(why)
 
 
 def newest_data(workdir: str, step: int | None = None) -> dict[str, Any] | None:
