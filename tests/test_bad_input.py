@@ -238,13 +238,29 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
       'that run.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
   # Its data position counts chunks of docs_per_chunk documents and the examples of each.
-  for field, value in (('docs_per_chunk', 7), ('max_seq_length', 64), ('eval_holdout', 3),
-                       ('files', 'more.txt')):
+  for field, value in (('docs_per_chunk', 7), ('max_seq_length', 64)):
     config = bert_config('tiny')
     config.data[field] = value
     with pytest.raises(ValueError, match=re.escape(f'and this config has {value}, so it cannot '
                                                    f'resume it')):
       checks.check_run_directories(config, str(tmp_path / 'bert'))
+  config = bert_config('tiny')
+  config.data.eval_holdout = 3
+  with pytest.raises(ValueError, match=re.escape(
+      'whose eval documents were 1 in data.eval_holdout=100 of its training documents and this '
+      "config's are 1 in data.eval_holdout=3 of its training documents, which is another "
+      'training stream, so it cannot resume it')):
+    checks.check_run_directories(config, str(tmp_path / 'bert'))
+  # The same files moved elsewhere resume; a run with eval files of its own holds nothing out.
+  config = bert_config('tiny')
+  config.data.update(source='files', files='/nfs/books/*.txt', eval_files='/nfs/dev.txt')
+  bert_run(tmp_path / 'files', config=config)
+  config.data.update(files='/local/books/*.txt', eval_holdout=3)
+  checks.check_run_directories(config, str(tmp_path / 'files'))
+  config.data.eval_files = ''
+  with pytest.raises(ValueError, match=re.escape(
+      "were its own (data.eval_files) and this config's are 1 in data.eval_holdout=3")):
+    checks.check_run_directories(config, str(tmp_path / 'files'))
   # Fewer steps would report a run stopped at step 4 of 600 as finished at 4 (exit 0).
   config = bert_config('tiny')
   config.train.num_steps = 4

@@ -177,13 +177,24 @@ def _as_json(value: Any) -> Any:
 # Fields besides the model's a run cannot resume with other values: they change the optimizer
 # state's form, the ids the data is read as, or what its saved data position counts (the chunks
 # of documents and the examples made of each; the model's are checked on its parameters:
-# check_resumable_params).
+# check_resumable_params). data.files is not among them: the same files may have moved (from
+# /nfs to local disk, say), and a path says nothing of what a file holds.
 _RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'tokenizer'),
                   ('data', 'lower_case'), ('data', 'split_words'), ('data', 'normalize_words'),
-                  ('data', 'files'), ('data', 'docs_per_chunk'), ('data', 'eval_holdout'),
-                  ('data', 'max_seq_length'))
+                  ('data', 'docs_per_chunk'), ('data', 'max_seq_length'))
 # What a run saved before a field of _RESUME_FIELDS existed did (CVT's words as written).
 _RESUME_DEFAULTS = {'normalize_words': False}
+
+
+def _eval_documents(data: dict[str, Any]) -> str:
+  """Where a run with these data fields took its eval documents from: out of its training text
+  (every data.eval_holdout-th document, which moves its training stream) or a source of their
+  own."""
+  own = {'files': 'eval_files', 'tfds': 'tfds_eval_split'}.get(data.get('source'))
+  for field in (own, 'eval_source_files'):
+    if field and data.get(field):
+      return f'its own (data.{field})'
+  return f'1 in data.eval_holdout={data.get("eval_holdout")} of its training documents'
 
 
 def _saved_config(directory: str, what: str) -> dict[str, Any] | None:
@@ -226,6 +237,14 @@ def check_workdir(config, workdir: str) -> None:
                        f'{saved[part][field]} and this config has {ours}, so it cannot resume '
                        f'it: {new_workdir}, or set --config.{part}.{field}='
                        f'{saved[part][field]} to resume that run.')
+  # Eval documents held out of the training text move the training stream (its saved position).
+  if 'eval_holdout' in saved.get('data', {}) and config.data.get('eval_holdout') is not None:
+    theirs, ours = _eval_documents(saved['data']), _eval_documents(config.data.to_dict())
+    if theirs != ours:
+      raise ValueError(f'--workdir={workdir} holds a checkpoint of a run whose eval documents '
+                       f'were {theirs} and this config\'s are {ours}, which is another training '
+                       f'stream, so it cannot resume it: {new_workdir}, or set the data fields '
+                       'of that run to resume it.')
   # The seed draws the data's order and the dropout masks: another one resumes no run exactly.
   if 'seed' in saved and config.get('seed') is not None and config.seed != saved['seed']:
     raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with seed={saved["seed"]} '
