@@ -19,7 +19,8 @@ Where the reference computes otherwise:
   takes GloVe's vectors, a zero vector for a word GloVe lacks. Ours keeps
   GloVe's first words in the table and gives other words the unknown-word
   vector, zero in a converted workdir; extract_features.py --glove reads every
-  word of the file, as the reference's user would.
+  word of the file, each word its own entry only (lower-cased 'zebra' none,
+  though glove.840B has 'Zebra'), as the reference's user would.
 """
 
 import os

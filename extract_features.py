@@ -195,7 +195,11 @@ def cove_features(model: cove.Model, params, tokenizer, config, sentences: list[
       raise ValueError(f'--glove has {width}-d vectors but the run read {table.shape[1]}-d '
                        'ones: pass the GloVe file it was trained with.')
     distinct = sorted({w for words in sentence_words for w in words})
-    vectors, found = glove_lib.vectors_for(distinct, glove_file, lower_case=lower)
+    # A converted release reads as its torchtext example: a word's own entry or none ('zebra'
+    # none, though glove.840B has 'Zebra'), as the workdir's table. A run of ours took the
+    # first entry that lower-cases to a word where there was no own one (glove.vectors_for).
+    folded = lower and not config.get('converted_from')
+    vectors, found = glove_lib.vectors_for(distinct, glove_file, lower_case=folded)
     row = {w: i for i, w in enumerate(distinct)}
 
     def word_vectors(words):  # the file's vector, or the learned one where it has none

@@ -52,8 +52,9 @@ def _glove_words() -> list[str]:
   # Cased, as glove.840B, which lists 'I' before 'i'; a word with a space inside (840B has some)
   # and a repeat are left out. '1,000' and '...' are words of 840B's, which a split for raw
   # text would cut.
-  return ['The', 'the', ',', 'cat', 'sat', 'on', 'mat', 'a', '1,000', '...'] + [
-      f'w{i}' for i in range(GLOVE_WORDS - 10)]
+  # 'Paris' has no lower-case entry, as glove.840B's 'Zebra' has none.
+  return ['The', 'the', ',', 'cat', 'sat', 'on', 'mat', 'a', '1,000', '...', 'Paris'] + [
+      f'w{i}' for i in range(GLOVE_WORDS - 11)]
 
 
 def _write_glove(path, words, seed: int = 1) -> dict[str, np.ndarray]:
@@ -131,12 +132,14 @@ def test_every_layer_matches_torch_lstm_over_padded_sentences(released):
 def test_extract_features_matches_the_reference_over_glove(released, tmp_path):
   """extract_features.py --cove_only --glove on the converted workdir: the reference's CoVe of
   the GloVe vectors of the lower-cased words (salesforce/cove's example: torchtext's lower=True,
-  then an exact lookup), a zero vector for a word GloVe lacks (torchtext's default)."""
+  then an exact lookup), a zero vector for a word GloVe lacks (torchtext's default): 'paris'
+  too, though the file has 'Paris'."""
   lstm, _, glove, vectors, workdir = released
   rng = np.random.default_rng(3)
   known = list(vectors)
   sentences = [' '.join(rng.choice(known + ['unseen', 'Zebra'], int(n)))
                for n in rng.integers(1, 12, 22)]
+  sentences[0] += ' Paris'
   (tmp_path / 'in.txt').write_text('\n'.join(sentences) + '\n', encoding='utf-8')
   outputs = {}
   for name, kwargs in (('cove', dict(glove=str(glove), cove_only=True)),
@@ -167,7 +170,7 @@ def test_the_workdir_is_glove_words_the_encoder_and_a_named_untrained_decoder(re
   # In the file's order; 'two words' and the second 'cat' left out, and 'The': the release
   # reads lower-cased text, and 'the' has its own vector (torchtext's lookup).
   lower = [w for w in _glove_words() if w == w.lower()]
-  assert len(lower) == GLOVE_WORDS - 1 and config.data.lower_case is True
+  assert len(lower) == GLOVE_WORDS - 2 and config.data.lower_case is True
   assert tokenizer.source.words == ['<S>', '</S>', '<UNK>'] + lower
   table = np.asarray(params['word_vectors']['table']['embedding'])
   assert table.shape == (config.model.source_vocab_size, W) == (4000, W)
