@@ -26,8 +26,11 @@ Each run is WORKDIR/<stage>/<its overrides and seed>, made by exactly the comman
 --print_commands prints. A finished run (its results line at train.num_steps) is skipped, an
 unfinished one resumes from its checkpoint: after an interruption the same command goes on.
 A run whose config.json differs from what the sweep now asks (an override, its seed, or a
-field of its config file changed since) is not finished; a change other than more
-train.num_steps stops the sweep in one line before anything runs.
+field of its config file changed since) is not finished, and --summarize says why; a change
+other than more train.num_steps (or fewer, for a run with no checkpoint yet: it starts afresh)
+stops the sweep in one line before anything runs. Fields of how a run runs, not what it
+computes (its input workers, logging, checkpoints and mesh: runner.OPERATIONAL), are not
+compared.
 Runs go one at a time on the whole machine, or with --parallel=N up to N at once, each on 1/N
 of its GPUs, TPU chips or CPU cores (trainer/slices.py), a run starting as soon as the run it
 starts from has finished (trainer/runner.py); --slurm writes (and submits) one SLURM job per
@@ -264,7 +267,7 @@ def summarize(workdir: str) -> list[dict]:
   and every run it started from reached train.num_steps); returns the rows."""
   sweep, expanded = load_record(workdir)
   metrics = sweep['metrics']
-  rows, curves = [], {}
+  rows, curves, left_out = [], {}, []
   for label in dict.fromkeys(label for label, _, _ in expanded):
     chains = [runs for l, _, runs in expanded if l == label]
     row = {'variant': label, 'runs': f'{0}/{len(chains)}'}
@@ -273,7 +276,9 @@ def summarize(workdir: str) -> list[dict]:
     done = 0
     for chain in chains:
       # A fine-tuning of a pretraining stopped part of the way is no result of this variant.
-      if not all(map(runner.finished, chain)):
+      why = next(((r, b) for r in chain if (b := runner.unfinished_because(r))), None)
+      if why:
+        left_out.append(f'{why[0].workdir} ({why[1]})')
         continue
       run = chain[-1]
       lines, results = runner.read_metrics(run.workdir)
@@ -294,6 +299,10 @@ def summarize(workdir: str) -> list[dict]:
     rows.append(row)
   _write_tables(workdir, rows, metrics)
   _plot(workdir, rows, curves, metrics[0])
+  if left_out:  # a run the table does not count says why
+    print(f'sweep.py: {len(left_out)} run(s) not in the table: ' + '; '.join(left_out[:10])
+          + (f'; and {len(left_out) - 10} more' if len(left_out) > 10 else '') + '.',
+          file=sys.stderr)
   return rows
 
 

@@ -265,7 +265,7 @@ def get_sweep(arg=''):
 '''
 
 
-def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
+def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path, capsys):
   """A config, sweep file or base override changed since the runs ran (sweep.json deleted, as
   prepare's message says to adopt a change): their old results are not the new sweep's."""
   workdir = str(tmp_path / 'w')
@@ -281,12 +281,29 @@ def test_runs_of_other_settings_are_not_the_sweeps_results(tmp_path):
     _fake_run(run, [(5, 0.5)], 0.5)
   assert all(map(runner.finished, runs))
   assert [r['runs'] for r in sweep.summarize(workdir)] == ['2/2', '2/2']
-  # More steps: unfinished (train.py goes on from its checkpoint), and allowed.
+  # How a run ran (its workers, logs, checkpoints, mesh) is no other result: a default of
+  # those edited since leaves it finished.
+  path = os.path.join(runs[0].workdir, 'config.json')
+  with open(path, encoding='utf-8') as f:
+    saved = json.load(f)
+  saved['data']['workers'], saved['train']['checkpoint_every'] = 3, 7
+  saved['train']['log_every'], saved['mesh'] = 1, [['data', 1], ['fsdp', -1], ['tensor', 1]]
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(saved, f)
+  assert runner.changes(runs[0]) == [] and runner.finished(runs[0])
+  runner.check_unchanged(runs)
+  # More steps: unfinished (train.py goes on from its checkpoint), and allowed; the summary
+  # says why each run is left out.
   runs = prepared(steps=20)
   assert runner.changes(runs[0]) == [('train.num_steps', 10, 20)]
   assert not any(map(runner.finished, runs))
   runner.check_unchanged(runs)
   assert [r['runs'] for r in sweep.summarize(workdir)] == ['0/2', '0/2']
+  assert capsys.readouterr().err.splitlines()[-1].startswith(
+      f'sweep.py: 4 run(s) not in the table: {runs[0].workdir} (it ran with '
+      'train.num_steps=10 and the sweep asks train.num_steps=20); ')
+  os.remove(os.path.join(runs[0].workdir, 'metrics.jsonl'))
+  assert runner.unfinished_because(runs[0]) == 'it has no results line (logged up to step 0 of 10)'
   # Fewer steps: train.py refuses a run with a checkpoint (it would be finished early), so the
   # sweep does before anything runs; one without a checkpoint starts afresh.
   runs = prepared(steps=5)

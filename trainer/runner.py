@@ -86,6 +86,11 @@ def _leaves(tree: dict, prefix: str = '') -> dict[str, Any]:
 
 
 _ABSENT = '(absent)'
+# Fields that change how a run runs, not what it computes (its input workers, logging and
+# checkpoints, its mesh: a resume on another one is exact): a default edited since does not
+# set a run's results aside.
+OPERATIONAL = ('data.workers', 'data.data_dir', 'train.log_every', 'train.checkpoint_every',
+               'train.keep_checkpoints', 'mesh', 'logical_axis_rules')
 
 
 def _saved_config(run: Any) -> dict | None:
@@ -106,6 +111,8 @@ def changes(run: Any, saved: dict | None = None) -> list[tuple[str, Any, Any]]:
     return []
   found, asked = [], {key for key, _ in run.overrides} | {'seed', 'train.num_steps'}
   for field, value in requested(run).items():
+    if field in OPERATIONAL:
+      continue
     node = saved
     for part in field.split('.'):
       node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
@@ -156,18 +163,34 @@ def check_unchanged(runs: list[Any]) -> None:
 def finished(run: Any) -> bool:
   """Its results line is at train.num_steps, it ran with the settings the sweep asks, and
   it started from the state its init_from run has its results at."""
-  _, results = read_metrics(run.workdir)
+  return unfinished_because(run) is None
+
+
+def unfinished_because(run: Any) -> str | None:
+  """Why the run is not one of the sweep's results (None when it is): see finished."""
   saved = _saved_config(run)
-  if results is None or saved is None:
-    return False
-  if results['step'] != saved['train']['num_steps'] or changes(run, saved):
-    return False
+  if saved is None:
+    return 'it has not started'
+  lines, results = read_metrics(run.workdir)
+  if results is None:
+    step = max((line['step'] for line in lines), default=0)
+    return f'it has no results line (logged up to step {step} of {saved["train"]["num_steps"]})'
+  if results['step'] != saved['train']['num_steps']:
+    return f'its results are at step {results["step"]} of {saved["train"]["num_steps"]}'
+  changed = changes(run, saved)
+  if changed:
+    field, theirs, ours = changed[0]
+    return (f'it ran with {field}={json.dumps(theirs)} and the sweep asks '
+            f'{field}={json.dumps(ours)}')
   step = started_from(run)
   if step is None:
-    return True
+    return None
   # Its pretraining unfinished (deleted to train again, say): not the sweep's result either.
   upstream = read_metrics(run.init_from)[1]
-  return upstream is not None and upstream['step'] == step
+  if upstream is None or upstream['step'] != step:
+    return (f'it started from step {step} of {run.init_from}, which has '
+            + ('no results' if upstream is None else f'its results at step {upstream["step"]}'))
+  return None
 
 
 class Interrupted(Exception):
@@ -211,7 +234,7 @@ def run_all(runs: list[Any], workdir: str,
   free = list(cut) if cut else [None]
   waiting = list(enumerate(runs, 1))
   running = {}  # Popen -> (run, its slice, head, log path)
-  failed, stopping, stopped = [], [], []
+  failed, stopping, stopped, stopped_early = [], [], [], []
 
   def stop(signum, frame):
     del signum, frame
@@ -250,8 +273,11 @@ def run_all(runs: list[Any], workdir: str,
     on = f' (on {where.describe()})' if where else ''
     # The sweep's SIGTERM: 75 after a checkpoint (a run killed by it before train.py set its
     # handler has none to lose); any other exit is the run's own, said as such.
-    if stopping and code in (stop_lib.RESUME_EXIT_STATUS, -signal.SIGTERM):
+    if stopping and code == stop_lib.RESUME_EXIT_STATUS:
       stopped.append(run.workdir)
+      return
+    if stopping and code == -signal.SIGTERM:
+      stopped_early.append(run.workdir)
       return
     if code == stop_lib.RESUME_EXIT_STATUS:  # a signal that was not the sweep's own
       print(f'{title}: STOPPED before its last step (exit {code}){on}: the same sweep command '
@@ -301,6 +327,9 @@ def run_all(runs: list[Any], workdir: str,
       if stopping and not running:
         during = (f'stopped during {", ".join(stopped)}; {"it" if len(stopped) == 1 else "each"}'
                   ' saved a checkpoint, and ' if stopped else 'stopped; ')
+        if stopped_early:  # stopped as it started, before train.py could save anything
+          during += (f'{", ".join(stopped_early)} stopped before saving (as it started; it '
+                     'resumes from its previous checkpoint, if any), and ')
         raise Interrupted(f'{during}the same sweep command goes on from there.')
   finally:
     for s, handler in previous.items():
