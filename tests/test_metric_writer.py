@@ -5,13 +5,18 @@ not installed the test still checks the event file and that `import torch` is no
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _WRITE = """
 import sys
+
+import pytest
 from trainer import metric_writer
 writer = metric_writer.MetricWriter(sys.argv[1], total_steps=2)
 writer.write(1, {'loss': 1.5})
@@ -55,3 +60,11 @@ def test_a_resume_drops_the_lines_after_its_checkpoint_and_finds_its_eval(tmp_pa
   writer.close()
   steps = [json.loads(line)['step'] for line in path.read_text().splitlines()]
   assert steps == [2, 4, 4, 6]
+  # A blank line (an editor's) is no step; a line that is not JSON is named, and kept.
+  path.write_text('{"step": 2, "loss": 2.0}\n\n{"step": 6, "loss": 1.6}\n')
+  metric_writer.MetricWriter(str(tmp_path), total_steps=8, resumed_step=4).close()
+  assert path.read_text() == '{"step": 2, "loss": 2.0}\n\n'
+  path.write_text('{"step": 2, "loss": 2.0}\nstep 4 | loss 1.8\n')
+  with pytest.raises(ValueError, match=re.escape(f'{path}: line 2 is not JSON (')):
+    metric_writer.MetricWriter(str(tmp_path), total_steps=8, resumed_step=4)
+  assert path.read_text() == '{"step": 2, "loss": 2.0}\nstep 4 | loss 1.8\n'

@@ -67,7 +67,14 @@ def _drop_lines_after(path: str, step: int) -> None:
     lines = f.read().splitlines(keepends=True)
     keep = 0
     for keep, line in enumerate(lines):
-      if json.loads(line).get('step', 0) > step:
+      if not line.strip():
+        continue  # a blank line (an editor's) holds no step
+      try:
+        logged = json.loads(line).get('step', 0)
+      except ValueError as e:
+        raise ValueError(f'{path}: line {keep + 1} is not JSON ({e}): fix or delete that line '
+                         'to resume the run.') from None
+      if logged > step:
         break
     else:
       return
