@@ -195,6 +195,25 @@ def test_a_two_phase_run_resumes_exactly_across_its_boundary(data_dir, tmp_path,
   assert (tmp_path / 'resumed' / 'config.json').read_text(encoding='utf-8') == recorded
 
 
+@pytest.mark.slow  # two runs, one interrupted, as test_train.py's evals at resume
+def test_an_eval_killed_at_a_phases_end_is_made_again_with_that_phases_data(data_dir, tmp_path):
+  config = two_phase_config(data_dir)
+  config.train.eval_every = BOUNDARY  # the end of phase 1: evaluated at 32 tokens
+  workdir = tmp_path / 'run'
+  trainer.loop.train_and_evaluate(config, str(workdir), stop_after_steps=BOUNDARY, devices=ONE)
+  path = workdir / 'metrics.jsonl'
+  lines = path.read_text().splitlines()
+  evaluated = [json.loads(line) for line in lines if '"eval_loss"' in line]
+  assert [(e['step'], e['max_seq_length']) for e in evaluated] == [(BOUNDARY, 32)]
+  # As if killed in that eval, after the boundary's checkpoint: the resumed run (in phase 2)
+  # evaluates step 3 as the killed one would have, with phase 1's eval data and step.
+  path.write_text(''.join(line + '\n' for line in lines if '"eval_loss"' not in line))
+  trainer.loop.train_and_evaluate(config, str(workdir), stop_after_steps=1, devices=ONE)
+  again = [json.loads(line) for line in path.read_text().splitlines() if '"eval_loss"' in line]
+  assert [(e['step'], e['max_seq_length']) for e in again] == [(BOUNDARY, 32)]
+  assert again[0]['eval_loss'] == evaluated[0]['eval_loss']
+
+
 @pytest.mark.parametrize('nsp', [True, False])
 def test_the_example_batch_has_nsp_labels_only_where_the_batches_do(data_dir, nsp):
   config = two_phase_config(data_dir)

@@ -345,6 +345,24 @@ def _agreed(flag: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.array(flag)))
 
 
+def _evaluate_again(run: Run, params, step: int, writer) -> None:
+  """The eval of `step` that a kill interrupted, as the killed run made it: at the end of a
+  phase (the resumed run is in the next one) with that phase's eval data and step."""
+  if run.phase.index == 0 or step != run.phase.start:
+    evaluation.evaluate_and_write(run, params, step, writer)
+    return
+  ended = run.phases[run.phase.index - 1]
+  kept = run.phase, run.eval_step, run.eval_data, run.eval_start
+  eval_step = build(ended.config, run.mesh, materialize=False)[-1]
+  eval_data, eval_start = evaluation.eval_batches(ended.config, run.tokenizer, run.mesh)
+  run.phase, run.eval_step, run.eval_data, run.eval_start = ended, eval_step, eval_data, eval_start
+  try:
+    evaluation.evaluate_and_write(run, params, step, writer)
+  finally:
+    eval_data.close()
+    run.phase, run.eval_step, run.eval_data, run.eval_start = kept
+
+
 def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> TrainState:
   """Steps until train.num_steps (or a stop); logs, evaluates and checkpoints on the way."""
   tc, state = run.config.train, run.state
@@ -362,7 +380,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
     elif (0 < step < tc.num_steps and step % tc.eval_every == 0
           and not _agreed(metric_writer.has_eval(run.workdir, step))):
-      evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during that eval
+      _evaluate_again(run, state.params, step, writer)  # stopped during that eval
     elif step >= tc.num_steps and jax.process_index() == 0:
       print(f'Nothing to do: the run reached train.num_steps={tc.num_steps}; raise it to '
             'train further.', flush=True)
