@@ -145,7 +145,8 @@ class ShardedStream:
             pieces.append((lo, shard, slice(offset + lo - start, offset + hi - start)))
           offset += stop - start
       self._pieces += [(shard, piece) for _, shard, piece in sorted(pieces, key=lambda p: p[0])]
-    # The host's workers divide among the shards it reads.
+    # The host's workers divide among the shards it reads, at least one each (a host that reads
+    # more shards than data.workers runs one per shard).
     read = sorted({shard for shard, _ in self._pieces})
     shard_workers = max(1, workers // len(read)) if workers else 0
     self._shards = {shard: make_shard(shard, per_shard, shard_workers) for shard in read}

@@ -201,6 +201,26 @@ def test_a_worker_that_died_unnoticed_is_reported_in_one_line_when_the_stream_cl
   assert _no_workers_left()
 
 
+@pytest.mark.slow  # fault injection: signals sent to the workers (4 s)
+def test_the_workers_leave_a_clusters_sigterm_and_a_hangup_to_the_training_process(caplog):
+  # SLURM's warning before a time limit reaches every process of the job: the training process
+  # saves and stops the workers; a worker that died of it would be restarted, and said to die.
+  units = workers.UnitStream(_Units(), 2)
+  assert [int(next(units)[0]) for _ in range(2)] == [0, 1]  # each worker made one: it is set up
+  alive = [p for p in multiprocessing.active_children() if p.name.startswith('grain-')]
+  assert alive
+  for process in alive:
+    os.kill(process.pid, signal.SIGTERM)
+    os.kill(process.pid, signal.SIGHUP)
+  time.sleep(1.0)
+  assert all(p.exitcode is None for p in alive)
+  assert [int(next(units)[0]) for _ in range(6)] == [2, 3, 4, 5, 6, 7]
+  with caplog.at_level('WARNING'):
+    units.close()
+  assert not [r for r in caplog.records if 'died' in r.getMessage()]
+  assert _no_workers_left()
+
+
 def test_a_block_a_killed_worker_left_is_removed_without_a_word():
   """In a process of its own: a shared memory block registered and never unlinked, as a worker
   killed with a unit under way leaves it. The tracker removes it at exit, and its warning of

@@ -132,11 +132,14 @@ class UnitStream:
 
 def _set_up_worker(worker_index: int, worker_count: int) -> None:
   """A worker's tokenizers stay on one core: the workers are the parallelism (HF tokenizers
-  would otherwise start a thread per core in every worker). A terminal's Ctrl-C, sent to every
-  process of the job, is the training process's to handle: it saves, then stops the workers."""
+  would otherwise start a thread per core in every worker). A terminal's Ctrl-C or hangup and a
+  cluster's SIGTERM before its time limit (SLURM's --signal reaches every process of the job)
+  are the training process's to handle: it saves, then stops the workers (grain's stop event,
+  SIGKILL after 25 s), which would otherwise die, be said to, and be started again."""
   del worker_index, worker_count
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, signal.SIG_IGN)
   _use_tracker_while_it_lives()
 
 
