@@ -277,8 +277,8 @@ def summarize(workdir: str) -> list[dict]:
     for chain in chains:
       # A fine-tuning of a pretraining stopped part of the way is no result of this variant.
       why = next(((r, b) for r in chain if (b := runner.unfinished_because(r))), None)
-      if why:
-        left_out.append(f'{why[0].workdir} ({why[1]})')
+      if why:  # a pretraining shared by the chains of several variants is named once
+        left_out = list(dict.fromkeys(left_out + [f'{why[0].workdir} ({why[1]})']))
         continue
       run = chain[-1]
       lines, results = runner.read_metrics(run.workdir)

@@ -83,6 +83,26 @@ def trains_eot(data_cfg: ml_collections.ConfigDict) -> bool:
   return getattr(_pipeline(data_cfg), 'TRAINS_EOT', False)
 
 
+def holds_out(data: Any) -> bool:
+  """Whether a run with these data fields (a ConfigDict, or its config.json's dict) takes its
+  eval examples out of its training text, 1 in data.eval_holdout, so that the holdout moves its
+  training stream; else its eval split is a source of its own (files, a TFDS split, a task's
+  dev set, a synthetic language's own seeds)."""
+  pipeline, task = data.get('pipeline'), data.get('task')
+  if pipeline == 'translation':
+    pairs = data.get('pairs')
+    return pairs == 'offline' or (pairs == 'files' and not data.get('eval_source_files'))
+  if pipeline == 'tagging':  # offline_names and offline_pos are synthetic: seeds of their own
+    from input_pipeline import tagging  # pylint: disable=g-import-not-at-top
+    spec = tagging.TASKS.get(task)
+    return spec is not None and spec.source == 'offline'
+  if task is not None:  # a fine-tuning task: the offline ones are made of the embedded corpus
+    return str(task).startswith('offline_')
+  source = data.get('source')  # a text source (pretraining, CVT's unlabeled text)
+  own = {'files': 'eval_files', 'tfds': 'tfds_eval_split'}.get(source)
+  return source != 'synthetic' and not (own and data.get(own))
+
+
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,
                   saved_dir: str | None = None) -> Any:
   """The tokenizer saved in `saved_dir` if it has one, else the configured or a learned one.

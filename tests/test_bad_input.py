@@ -17,7 +17,9 @@ import pytest
 import forked  # tests/
 from configs import bert_finetune as bert_finetune_config
 from configs import elmo as elmo_config
+from configs import elmo_tagger as elmo_tagger_config
 from configs import gpt as gpt_config
+from configs import transformer_wmt as transformer_config
 from configs.bert_base import get_config as bert_config
 import input_pipeline
 from models import gpt
@@ -247,9 +249,9 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
   config = bert_config('tiny')
   config.data.eval_holdout = 3
   with pytest.raises(ValueError, match=re.escape(
-      'whose eval documents were 1 in data.eval_holdout=100 of its training documents and this '
-      "config's are 1 in data.eval_holdout=3 of its training documents, which is another "
-      'training stream, so it cannot resume it')):
+      'a run that held out 1 in data.eval_holdout=100 training examples and this config holds out '
+      '1 in 3, which is another training stream, so it cannot resume it: pass a new --workdir '
+      'for this run, or set --config.data.eval_holdout=100 to resume it.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
   # The same files moved elsewhere resume; a run with eval files of its own holds nothing out.
   config = bert_config('tiny')
@@ -259,8 +261,27 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
   checks.check_run_directories(config, str(tmp_path / 'files'))
   config.data.eval_files = ''
   with pytest.raises(ValueError, match=re.escape(
-      "were its own (data.eval_files) and this config's are 1 in data.eval_holdout=3")):
+      'a run that took its eval examples from a source of their own and this config holds out 1 '
+      'in 3, which is another training stream, so it cannot resume it: pass a new --workdir for '
+      'this run, or give the data fields of that run (its config.json) again to resume it.')):
     checks.check_run_directories(config, str(tmp_path / 'files'))
+  # Pipelines whose eval split is their own (WMT's validation pairs, a GLUE dev set, CVT's
+  # synthetic tags) take any eval_holdout; their offline forms hold out and do not.
+  for make, own, offline in (
+      (lambda: transformer_config.get_config('base'), {}, {'pairs': 'offline'}),
+      (lambda: bert_finetune_config.get_config('sst2'), {}, {'task': 'offline_next'}),
+      (lambda: elmo_tagger_config.get_config('offline_names'), {}, {'task': 'offline_replaced'})):
+    for fields, refused in ((own, False), (offline, True)):
+      config = make()
+      config.data.update(fields)
+      workdir = tmp_path / f'{config.model_name}_{refused}'
+      bert_run(workdir, config=config)
+      config.data.eval_holdout += 1
+      if refused:
+        with pytest.raises(ValueError, match='holds out 1 in'):
+          checks.check_workdir(config, str(workdir))
+      else:
+        checks.check_workdir(config, str(workdir))
   # Fewer steps would report a run stopped at step 4 of 600 as finished at 4 (exit 0).
   config = bert_config('tiny')
   config.train.num_steps = 4

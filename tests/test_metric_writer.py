@@ -15,8 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _WRITE = """
 import sys
-
-import pytest
 from trainer import metric_writer
 writer = metric_writer.MetricWriter(sys.argv[1], total_steps=2)
 writer.write(1, {'loss': 1.5})

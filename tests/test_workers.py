@@ -273,6 +273,43 @@ print(' '.join(taken), workers._tracker_starts)
       'workers, which use it.'), result.stderr[-3000:]
 
 
+def _gone(pid: int) -> bool:
+  """Exited: no such process, or a zombie that nobody reaps (a container's first process)."""
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+  except FileNotFoundError:
+    return True
+
+
+@pytest.mark.slow  # fault injection: the training process killed outright (4 s)
+def test_the_workers_of_a_training_process_killed_outright_exit_with_it(tmp_path):
+  # They ignore SIGTERM and SIGHUP, so nothing but kill -9 would end them otherwise.
+  program = """
+import multiprocessing, os, signal
+from input_pipeline.common import workers
+stream = workers.UnitStream(str, 2)
+taken = [next(stream) for _ in range(4)]
+print(' '.join(str(p.pid) for p in multiprocessing.active_children()
+               if p.name.startswith('grain-')), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+  out = tmp_path / 'out.txt'  # not a pipe, which a worker left behind would hold open
+  with open(out, 'w', encoding='utf-8') as f:
+    code = subprocess.run([sys.executable, '-c', program], cwd=ROOT, stdout=f,
+                          stderr=subprocess.STDOUT, timeout=300).returncode
+  assert code == -signal.SIGKILL, out.read_text()[-3000:]
+  pids = [int(pid) for pid in out.read_text().split()]
+  assert pids
+  deadline = time.time() + 5 * workers.PARENT_POLL_SECONDS
+  while not all(map(_gone, pids)) and time.time() < deadline:
+    time.sleep(0.1)
+  left = [pid for pid in pids if not _gone(pid)]
+  for pid in left:
+    os.kill(pid, signal.SIGKILL)
+  assert not left
+
+
 def test_auto_workers():
   assert workers.default_workers('cpu', 8) == 0
   assert 1 <= workers.default_workers('tpu', 4) <= 16

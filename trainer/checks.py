@@ -186,17 +186,6 @@ _RESUME_FIELDS = (('optimizer', 'name'), ('optimizer', 'frozen'), ('data', 'toke
 _RESUME_DEFAULTS = {'normalize_words': False}
 
 
-def _eval_documents(data: dict[str, Any]) -> str:
-  """Where a run with these data fields took its eval documents from: out of its training text
-  (every data.eval_holdout-th document, which moves its training stream) or a source of their
-  own."""
-  own = {'files': 'eval_files', 'tfds': 'tfds_eval_split'}.get(data.get('source'))
-  for field in (own, 'eval_source_files'):
-    if field and data.get(field):
-      return f'its own (data.{field})'
-  return f'1 in data.eval_holdout={data.get("eval_holdout")} of its training documents'
-
-
 def _saved_config(directory: str, what: str) -> dict[str, Any] | None:
   """The config.json of a run's directory; None without one."""
   path = os.path.join(directory, 'config.json')
@@ -237,14 +226,20 @@ def check_workdir(config, workdir: str) -> None:
                        f'{saved[part][field]} and this config has {ours}, so it cannot resume '
                        f'it: {new_workdir}, or set --config.{part}.{field}='
                        f'{saved[part][field]} to resume that run.')
-  # Eval documents held out of the training text move the training stream (its saved position).
+  # Eval examples held out of the training text move the training stream (its saved position).
   if 'eval_holdout' in saved.get('data', {}) and config.data.get('eval_holdout') is not None:
-    theirs, ours = _eval_documents(saved['data']), _eval_documents(config.data.to_dict())
+    theirs, ours = (data['eval_holdout'] if input_pipeline.holds_out(data) else None
+                    for data in (saved['data'], config.data))
     if theirs != ours:
-      raise ValueError(f'--workdir={workdir} holds a checkpoint of a run whose eval documents '
-                       f'were {theirs} and this config\'s are {ours}, which is another training '
-                       f'stream, so it cannot resume it: {new_workdir}, or set the data fields '
-                       'of that run to resume it.')
+      said = {None: 'took its eval examples from a source of their own'}
+      raise ValueError(
+          f'--workdir={workdir} holds a checkpoint of a run that '
+          f'{said.get(theirs, f"held out 1 in data.eval_holdout={theirs} training examples")} '
+          'and this config '
+          f'{said.get(ours, f"holds out 1 in {ours}").replace("took its", "takes its")}, which '
+          f'is another training stream, so it cannot resume it: {new_workdir}, or '
+          + (f'set --config.data.eval_holdout={theirs}' if theirs and ours else
+             'give the data fields of that run (its config.json) again') + ' to resume it.')
   # The seed draws the data's order and the dropout masks: another one resumes no run exactly.
   if 'seed' in saved and config.get('seed') is not None and config.seed != saved['seed']:
     raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with seed={saved["seed"]} '

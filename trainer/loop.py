@@ -351,7 +351,7 @@ def _evaluate_again(run: Run, params, step: int, writer) -> None:
   if run.phase.index == 0 or step != run.phase.start:
     evaluation.evaluate_and_write(run, params, step, writer)
     return
-  ended = run.phases[run.phase.index - 1]
+  ended = run.phases[run.phase.index - 1]  # its eval step compiles again: a rare resume's cost
   kept = run.phase, run.eval_step, run.eval_data, run.eval_start
   eval_step = build(ended.config, run.mesh, materialize=False)[-1]
   eval_data, eval_start = evaluation.eval_batches(ended.config, run.tokenizer, run.mesh)

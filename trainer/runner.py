@@ -42,8 +42,8 @@ def read_metrics(workdir: str) -> tuple[list[dict], dict | None]:
       except json.JSONDecodeError as e:
         if not line.endswith('\n'):  # a last line cut by a kill: the run's resume drops it
           continue
-        raise ValueError(f'{path}: line {number} is not JSON ({e}): move the run directory '
-                         'aside to run it again.') from None
+        raise ValueError(f'{path}: line {number} is not JSON ({e}): fix or delete that line '
+                         '(or move the run directory aside to run it again).') from None
       if 'results' in record:
         results = dict(record['results'], step=record['step'])
         continue

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator
 import warnings
 
@@ -32,6 +33,8 @@ import grain
 UNITS_AHEAD = 2
 # Restarts after a worker death without a unit handed out in between before the run stops.
 MAX_RESTARTS = 3
+# How often a worker looks whether the training process that started it is still there.
+PARENT_POLL_SECONDS = 1.0
 # grain's words for a worker that exited without an error of its own.
 _WORKER_DIED = 'terminated unexpectedly'
 
@@ -140,7 +143,16 @@ def _set_up_worker(worker_index: int, worker_count: int) -> None:
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'
   for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(signum, signal.SIG_IGN)
+  # So a training process killed outright (kill -9, the OOM killer) leaves no worker behind
+  # that only kill -9 would end: its workers exit within a second of it.
+  threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
   _use_tracker_while_it_lives()
+
+
+def _exit_with_parent(parent: int) -> None:
+  while os.getppid() == parent:
+    time.sleep(PARENT_POLL_SECONDS)
+  os._exit(0)  # pylint: disable=protected-access
 
 
 def quiet_resource_tracker() -> None:
