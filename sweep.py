@@ -267,7 +267,7 @@ def summarize(workdir: str) -> list[dict]:
   and every run it started from reached train.num_steps); returns the rows."""
   sweep, expanded = load_record(workdir)
   metrics = sweep['metrics']
-  rows, curves, left_out = [], {}, []
+  rows, curves, left_out = [], {}, {}  # left_out: an ordered set of 'workdir (why)'
   for label in dict.fromkeys(label for label, _, _ in expanded):
     chains = [runs for l, _, runs in expanded if l == label]
     row = {'variant': label, 'runs': f'{0}/{len(chains)}'}
@@ -278,7 +278,7 @@ def summarize(workdir: str) -> list[dict]:
       # A fine-tuning of a pretraining stopped part of the way is no result of this variant.
       why = next(((r, b) for r in chain if (b := runner.unfinished_because(r))), None)
       if why:  # a pretraining shared by the chains of several variants is named once
-        left_out = list(dict.fromkeys(left_out + [f'{why[0].workdir} ({why[1]})']))
+        left_out[f'{why[0].workdir} ({why[1]})'] = None
         continue
       run = chain[-1]
       lines, results = runner.read_metrics(run.workdir)
@@ -300,7 +300,7 @@ def summarize(workdir: str) -> list[dict]:
   _write_tables(workdir, rows, metrics)
   _plot(workdir, rows, curves, metrics[0])
   if left_out:  # a run the table does not count says why
-    print(f'sweep.py: {len(left_out)} run(s) not in the table: ' + '; '.join(left_out[:10])
+    print(f'sweep.py: {len(left_out)} run(s) not in the table: ' + '; '.join(list(left_out)[:10])
           + (f'; and {len(left_out) - 10} more' if len(left_out) > 10 else '') + '.',
           file=sys.stderr)
   return rows

@@ -231,15 +231,15 @@ def check_workdir(config, workdir: str) -> None:
     theirs, ours = (data['eval_holdout'] if input_pipeline.holds_out(data) else None
                     for data in (saved['data'], config.data))
     if theirs != ours:
-      said = {None: 'took its eval examples from a source of their own'}
-      raise ValueError(
-          f'--workdir={workdir} holds a checkpoint of a run that '
-          f'{said.get(theirs, f"held out 1 in data.eval_holdout={theirs} training examples")} '
-          'and this config '
-          f'{said.get(ours, f"holds out 1 in {ours}").replace("took its", "takes its")}, which '
-          f'is another training stream, so it cannot resume it: {new_workdir}, or '
-          + (f'set --config.data.eval_holdout={theirs}' if theirs and ours else
-             'give the data fields of that run (its config.json) again') + ' to resume it.')
+      own = 'eval examples from a source of their own'
+      theirs_did = (f'took its {own}' if theirs is None else
+                    f'held out 1 in data.eval_holdout={theirs} training examples')
+      ours_does = f'takes its {own}' if ours is None else f'holds out 1 in {ours}'
+      fix = (f'set --config.data.eval_holdout={theirs}' if theirs and ours else
+             'give the data fields of that run (its config.json) again')
+      raise ValueError(f'--workdir={workdir} holds a checkpoint of a run that {theirs_did} and '
+                       f'this config {ours_does}, which is another training stream, so it '
+                       f'cannot resume it: {new_workdir}, or {fix} to resume it.')
   # The seed draws the data's order and the dropout masks: another one resumes no run exactly.
   if 'seed' in saved and config.get('seed') is not None and config.seed != saved['seed']:
     raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with seed={saved["seed"]} '

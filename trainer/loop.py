@@ -352,15 +352,13 @@ def _evaluate_again(run: Run, params, step: int, writer) -> None:
     evaluation.evaluate_and_write(run, params, step, writer)
     return
   ended = run.phases[run.phase.index - 1]  # its eval step compiles again: a rare resume's cost
-  kept = run.phase, run.eval_step, run.eval_data, run.eval_start
-  eval_step = build(ended.config, run.mesh, materialize=False)[-1]
   eval_data, eval_start = evaluation.eval_batches(ended.config, run.tokenizer, run.mesh)
-  run.phase, run.eval_step, run.eval_data, run.eval_start = ended, eval_step, eval_data, eval_start
   try:
-    evaluation.evaluate_and_write(run, params, step, writer)
+    evaluation.evaluate_and_write(dataclasses.replace(
+        run, phase=ended, eval_step=build(ended.config, run.mesh, materialize=False)[-1],
+        eval_data=eval_data, eval_start=eval_start), params, step, writer)
   finally:
     eval_data.close()
-    run.phase, run.eval_step, run.eval_data, run.eval_start = kept
 
 
 def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> TrainState:
