@@ -6,6 +6,7 @@ import pytest
 from configs import cvt as cvt_configs
 from input_pipeline import cvt
 from input_pipeline import tagging
+from input_pipeline.common import example_iterator
 import input_pipeline
 from input_pipeline.common import words as words_lib
 from input_pipeline.tasks import synthetic_tagging
@@ -108,6 +109,16 @@ def test_tasks_are_drawn_by_the_square_root_of_their_sizes(config, vocab):
   assert abs(draws.mean() - 0.5) < 0.08  # equal sizes: half and half
   again = _iterator(config, vocab)
   assert [int(next(again)['task_ids'][0]) for _ in range(50)] == draws[:50].tolist()
+  # Tasks of 100 and 900 sentences: 1/4 and 3/4 of the labeled steps (equal draws would give
+  # 1/2, draws by size 9/10).
+  labeled = [example_iterator.ExampleIterator(
+      size, lambda indices, weights, t=t: {'task_ids': np.full(len(indices), t)},
+      split='train', batch_size=4, seed=t) for t, size in enumerate([100, 900])]
+  data = cvt.TrainIterator(config.data, labeled, unlabeled=None, seed=0)
+  draws = np.array([int(next(data)['task_ids'][0]) for _ in range(2000)])
+  for iterator in labeled:
+    iterator.close()
+  assert abs(draws.mean() - 0.75) < 0.03  # 3 standard errors
 
 
 def test_eval_covers_every_sentence_of_every_task_once(config, vocab):
