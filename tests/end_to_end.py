@@ -12,6 +12,8 @@ from importlib import metadata
 import os
 import re
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -36,3 +38,15 @@ def xla_flags(devices: int = 1) -> str:
 def env(devices: int = 1) -> dict[str, str]:
   """os.environ for an end-to-end program on `devices` CPU devices."""
   return dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu')
+
+
+def unigram_baseline(train_targets, eval_targets, vocab_size: int,
+                     left_out=()) -> tuple[float, float]:
+  """What a model that ignores the context scores on the eval targets: the perplexity of the
+  add-one unigram model of the train targets (ids `left_out` are never targets), and the
+  accuracy of always the most frequent one. The learning tests' bar."""
+  counts = np.bincount(train_targets, minlength=vocab_size) + 1.0
+  counts[list(left_out)] = 0
+  eval_targets = np.asarray(eval_targets)
+  perplexity = np.exp(-np.log(counts[eval_targets] / counts.sum()).mean())
+  return float(perplexity), float((eval_targets == counts.argmax()).mean())
