@@ -62,8 +62,7 @@ def pretrained(shared_data_dir, tmp_path_factory):
   result = subprocess.run(
       [sys.executable, 'train.py', '--config=configs/bert_base.py:tiny', f'--workdir={workdir}',
        f'--config.data.data_dir={shared_data_dir}', f'--config.train.num_steps={PRETRAIN_STEPS}',
-       # An eval at the end of the 64-token phase too, where the learning check reads it.
-       f'--config.train.eval_every={PHASE_END}',
+       f'--config.train.eval_every={PRETRAIN_STEPS}',  # and the 64-token phase's end
        f'--config.train.checkpoint_every={PRETRAIN_STEPS}', '--config.optimizer.warmup_steps=30',
        '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
        # The last 10% at the tasks' 128 tokens, so that fine-tuning finds them trained.

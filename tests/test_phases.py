@@ -130,7 +130,9 @@ def test_a_two_phase_run_switches_length_and_resumes_at_its_boundary(data_dir, t
   rows = read_metrics(tmp_path / 'straight')
   assert [(r['step'], r['max_seq_length']) for r in rows if 'loss' in r] == [
       (1, 32), (2, 32), (3, 32), (4, 64), (5, 64), (6, 64)]
-  assert all(r['max_seq_length'] == 64 for r in rows if 'eval_loss' in r)
+  # Each phase's end is evaluated at its length (train.eval_every is 1000).
+  assert [(r['step'], r['max_seq_length']) for r in rows if 'eval_loss' in r] == [
+      (3, 32), (6, 64)]
   assert 'step 4/6 | max_seq_length 64 | loss' in out
   assert 'Training phase 2 of 2, steps 4-6: 64 tokens, 10 predictions per sequence, remat' in out
   # Phase 2's step was compiled at the start (a step too large stops the run there).
@@ -197,8 +199,7 @@ def test_a_two_phase_run_resumes_exactly_across_its_boundary(data_dir, tmp_path,
 
 @pytest.mark.slow  # two runs, one interrupted, as test_train.py's evals at resume
 def test_an_eval_killed_at_a_phases_end_is_made_again_with_that_phases_data(data_dir, tmp_path):
-  config = two_phase_config(data_dir)
-  config.train.eval_every = BOUNDARY  # the end of phase 1: evaluated at 32 tokens
+  config = two_phase_config(data_dir)  # the end of phase 1 is evaluated, at 32 tokens
   workdir = tmp_path / 'run'
   trainer.loop.train_and_evaluate(config, str(workdir), stop_after_steps=BOUNDARY, devices=ONE)
   path = workdir / 'metrics.jsonl'

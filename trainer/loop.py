@@ -345,6 +345,12 @@ def _agreed(flag: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.array(flag)))
 
 
+def _ended_a_phase(run: Run, step: int) -> bool:
+  """Whether `step`, where a run resumes, is the last of a phase (evaluated, as every phase's
+  end is: the model each sequence length trained, e.g. BERT's at 128 tokens before 512)."""
+  return run.phase.index > 0 and step == run.phase.start
+
+
 def _evaluate_again(run: Run, params, step: int, writer) -> None:
   """The eval of `step` that a kill interrupted, as the killed run made it: at the end of a
   phase (the resumed run is in the next one) with that phase's eval data and step."""
@@ -376,7 +382,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
     progress, start_step = Progress(run, step, stop), step
     if step == tc.num_steps and not _agreed(metric_writer.has_results(run.workdir, step)):
       evaluation.evaluate_and_write(run, state.params, step, writer)  # stopped during its final eval
-    elif (0 < step < tc.num_steps and step % tc.eval_every == 0
+    elif (0 < step < tc.num_steps and (step % tc.eval_every == 0 or _ended_a_phase(run, step))
           and not _agreed(metric_writer.has_eval(run.workdir, step))):
       _evaluate_again(run, state.params, step, writer)  # stopped during that eval
     elif step >= tc.num_steps and jax.process_index() == 0:
@@ -419,7 +425,7 @@ def train_loop(run: Run, stop: StopRequested, stop_after_steps: int | None) -> T
         # its last checkpoint): written only once that checkpoint is.
         with stop.deferred():
           checkpoints.wait(run.mngr)
-      if step % tc.eval_every == 0 or step == tc.num_steps:
+      if step % tc.eval_every == 0 or step == tc.num_steps or phase_end:
         evaluation.evaluate_and_write(run, state.params, step, writer)
       progress.paused += time.time() - pause
     if step < end:  # stopped by a signal
