@@ -354,7 +354,7 @@ def _ended_a_phase(run: Run, step: int) -> bool:
 def _evaluate_again(run: Run, params, step: int, writer) -> None:
   """The eval of `step` that a kill interrupted, as the killed run made it: at the end of a
   phase (the resumed run is in the next one) with that phase's eval data and step."""
-  if run.phase.index == 0 or step != run.phase.start:
+  if not _ended_a_phase(run, step):
     evaluation.evaluate_and_write(run, params, step, writer)
     return
   ended = run.phases[run.phase.index - 1]  # its eval step compiles again: a rare resume's cost
