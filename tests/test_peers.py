@@ -66,6 +66,27 @@ def test_a_peer_prints_one_json_line(script, args):
   assert 0 < result['final_loss'] < 20
 
 
+@pytest.mark.slow  # 20 steps of each BERT and the evals: about 1.5 minutes
+def test_bert_tiny_and_hfs_learn_alike_on_the_same_batches(shared_data_dir, tmp_path):
+  """peers/bert_learning_hf.py: after 20 steps from the same batches, ours and HF's
+  BertForPreTraining score the eval's masked positions alike (measured: perplexity 1690 and
+  1696, from 4096 at a uniform start)."""
+  done = subprocess.run(
+      [sys.executable, 'peers/bert_learning_hf.py', '--steps=20',
+       f'--workdir={tmp_path / "run"}', f'--data_dir={shared_data_dir}'],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = {line.split(' | ')[0].strip('| '): line.split(' | ')[1:]
+          for line in done.stdout.splitlines() if line.startswith('| ')}
+  # The last column: all positions, 'accuracy / perplexity (count)'.
+  perplexity = {name: float(cells[-1].split(' / ')[1].split(' (')[0])
+                for name, cells in rows.items() if name != 'model'}
+  assert set(perplexity) == {'ours (JAX)', 'HF BertForPreTraining', 'unigram'}
+  ours, hf = perplexity['ours (JAX)'], perplexity['HF BertForPreTraining']
+  assert ours < 0.6 * 4096 and abs(ours - hf) < 0.05 * hf, perplexity
+
+
 @pytest.mark.slow
 def test_the_gpu_gpt_peer_attends_in_one_fused_call_with_the_librarys_function():
   """HF's OpenAI GPT writes every score to memory: the GPU peer swaps in SDPA (causal, its
