@@ -143,12 +143,12 @@ def main() -> None:
   hf = scores(train_hf(config, batches('train'), args.steps, tokenizer.vocab_size),
               eval_batches, tokenizer.mask_id)
 
-  def tokens(split):
-    sentences = [s for document in sources.documents(config.data, split) for s in document]
-    ids = np.concatenate([np.asarray(i, np.int64) for i in tokenizer.encode_batch(sentences)])
-    return ids[~np.isin(ids, tokenizer.special_ids)]
-  counts = np.bincount(tokens('train'), minlength=tokenizer.vocab_size) + 1.0
-  counts[tokenizer.special_ids] = 0
+  # The training split's tokens that MLM may mask: [UNK] too, not [PAD], [CLS], [SEP], [MASK].
+  never = [i for i in tokenizer.special_ids if i != tokenizer.unk_id]
+  sentences = [s for document in sources.documents(config.data, 'train') for s in document]
+  ids = np.concatenate([np.asarray(i, np.int64) for i in tokenizer.encode_batch(sentences)])
+  counts = np.bincount(ids[~np.isin(ids, never)], minlength=tokenizer.vocab_size) + 1.0
+  counts[never] = 0
   unigram = lambda b: np.broadcast_to(np.log(counts / counts.sum() + 1e-30), (  # noqa: E731
       *b['masked_lm_ids'].shape, tokenizer.vocab_size))
   plain = scores(unigram, eval_batches, tokenizer.mask_id)
