@@ -3,15 +3,20 @@ modules the program imports, for tests that start a program many times.
 
 `python train.py ...` spends about 3.5 s of a 2-core machine importing jax, flax, orbax and the
 input pipelines and tearing them down at exit; test_bad_input.py starts it two dozen times to
-see one line and an exit status (4.5 s a run here, 0.5 s forked). A server process imports the
-program's top-level imports once (read from its source) and forks a child for each run. The
-child is the program's process: its own argv, environment, working directory, stdout, stderr
-and exit status, the program run as `__main__`, and the interpreter's way of ending (_child).
-It shares with the server only the modules' import, done under the same environment: a
-server's runs may differ only in XLA_FLAGS, which XLA reads when a backend starts, not at
-import (a run whose other variables differ gets a server of its own). The server never starts
-a JAX backend, so each child starts one with its own XLA_FLAGS (the device count), as a new
-process does.
+see one line and an exit status (4.5 s a run here, 0.5 s forked). A server process imports a
+program's top-level imports (read from its source) before its first run and forks a child for
+each run. The child is the program's process: its own argv, environment, working directory,
+stdout, stderr and exit status, the program run as `__main__`, and the interpreter's way of
+ending (_child). It shares with the server only the modules' import, done under the same
+environment: a server's runs may differ only in XLA_FLAGS, which XLA reads when a backend
+starts, not at import (a run whose other variables differ gets a server of its own). The server
+never starts a JAX backend, so each child starts one with its own XLA_FLAGS (the device count),
+as a new process does.
+
+One server runs every program of one directory (train.py, sweep.py, bench.py, the converters):
+a program started once in a test run then costs its own imports only, not jax's again. Its
+child also has the modules the server imported for the other programs; none of these programs
+defines a flag or starts anything at import (their flags are defined under `__main__`).
 """
 
 import ast
@@ -39,23 +44,25 @@ def run(args: list[str], cwd: str, env: dict[str, str], timeout: float = 300
   timeout=timeout)` for args = [sys.executable, script, *flags], in a forked child."""
   if args[0] != sys.executable or not args[1].endswith('.py'):
     raise ValueError(f'forked.run runs `{sys.executable} SCRIPT.py ...`, not {args[:2]}')
-  script = os.path.join(cwd, args[1])
-  key = (script, tuple(sorted((k, v) for k, v in env.items() if k not in _PER_RUN)))
+  script = os.path.abspath(os.path.join(cwd, args[1]))
+  directory = os.path.dirname(script)
+  key = (directory, tuple(sorted((k, v) for k, v in env.items() if k not in _PER_RUN)))
   if key not in _SERVERS or _SERVERS[key].poll() is not None:
     _SERVERS[key] = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), script],
+        [sys.executable, os.path.abspath(__file__), directory],
         env={k: v for k, v in env.items() if k not in _PER_RUN}, cwd=cwd,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
   server = _SERVERS[key]
   with tempfile.TemporaryDirectory(prefix='forked_run_') as tmp:
     out, err = os.path.join(tmp, 'stdout'), os.path.join(tmp, 'stderr')
-    server.stdin.write(json.dumps({'argv': args[1:], 'cwd': cwd, 'env': env, 'stdout': out,
-                                   'stderr': err, 'timeout': timeout}) + '\n')
+    server.stdin.write(json.dumps({
+        'script': script, 'argv': args[1:], 'cwd': cwd, 'env': env, 'stdout': out, 'stderr': err,
+        'timeout': timeout, 'cores': sorted(os.sched_getaffinity(0))}) + '\n')
     server.stdin.flush()
     reply = server.stdout.readline()  # the server answers each run, a timed-out one too
     if not reply:
-      raise RuntimeError(f'the forked-run server for {script} exited with status '
-                         f'{server.wait()}')
+      raise RuntimeError(f'the forked-run server for {directory} exited with status '
+                         f'{server.wait()} (running {script})')
     returncode = json.loads(reply)['returncode']
     if returncode is None:
       raise subprocess.TimeoutExpired(args, timeout)
@@ -82,6 +89,9 @@ def _child(request: dict) -> None:
   uncaught exception, the non-daemon threads waited for, atexit's handlers, stdio flushed),
   without its teardown of every module (0.85 s here)."""
   os.chdir(request['cwd'])
+  # The cores of the test's process now, as a process it started would have them (the server
+  # kept those of the test that started it).
+  os.sched_setaffinity(0, request['cores'])
   os.environ.clear()
   os.environ.update(request['env'])
   for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
@@ -109,8 +119,8 @@ def _child(request: dict) -> None:
   os._exit(status)
 
 
-def _serve(script: str) -> None:
-  sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` has it
+def _import_for(script: str) -> None:
+  """The script's top-level imports, in the server."""
   for name in _imports(script):
     try:
       importlib.import_module(name)
@@ -121,8 +131,16 @@ def _serve(script: str) -> None:
   if xla_bridge.backends_are_initialized():
     sys.exit(f'forked.py: importing {script}\'s modules started a JAX backend; a forked child '
              'would inherit its devices and threads')
+
+
+def _serve(directory: str) -> None:
+  sys.path[0] = directory  # as `python SCRIPT` has it for a script of the directory
+  imported = set()
   for line in sys.stdin:
     request = json.loads(line)
+    if request['script'] not in imported:
+      _import_for(request['script'])
+      imported.add(request['script'])
     pid = os.fork()
     if pid == 0:
       _child(request)

@@ -122,9 +122,9 @@ def test_a_workdir_in_use_by_another_run_is_refused_before_anything_is_built(tmp
   sweep_dir.mkdir()
   held = cli.hold_directory(str(sweep_dir))
   try:
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'sweep.py'),
-                             '--sweep=configs/sweeps/gpt_aux_lm.py', f'--workdir={sweep_dir}'],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    result = forked.run([sys.executable, os.path.join(ROOT, 'sweep.py'),
+                         '--sweep=configs/sweeps/gpt_aux_lm.py', f'--workdir={sweep_dir}'],
+                        cwd=ROOT, env=dict(os.environ))
   finally:
     os.close(held)
   assert result.returncode != 0

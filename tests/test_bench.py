@@ -3,13 +3,13 @@
 import gzip
 import json
 import os
-import subprocess
 import sys
 
 import jax
 import pytest
 
 import bench
+import forked  # tests/
 from test_train import micro_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,9 +206,9 @@ def test_peak_memory_says_what_it_is():
 
 def test_a_bad_flag_is_one_line_before_anything_compiles():
   """--steps=0 ended in an UnboundLocalError traceback after a compile."""
-  done = subprocess.run([sys.executable, 'bench.py', '--config=configs/bert_base.py:tiny',
-                         '--steps=0'], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  done = forked.run([sys.executable, 'bench.py', '--config=configs/bert_base.py:tiny',
+                     '--steps=0'], cwd=ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+                    timeout=120)
   assert done.returncode != 0
   assert done.stderr.strip().splitlines() == [
       'bench.py: error: --steps=0 --warmup=4: time 1 step or more, after 0 or more.']

@@ -7,7 +7,6 @@ random models; the TF checkpoint is written with google-research/bert's variable
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -18,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from trainer import checkpoints
 import convert_checkpoint
+import forked  # tests/
 from configs import bert_finetune
 from configs import gpt as gpt_configs
 from configs import gpt_finetune as gpt_finetune_configs
@@ -340,16 +340,15 @@ def test_tf_checkpoint_matches_transformers(hf_bert, tmp_path):
   _assert_bert_matches(str(tmp_path / 'run'), hf_bert[1])
   assert trainer.state.load_trained(str(tmp_path / 'run'), 'bert', 'test')[3].lower_case is True
   # A directory without the release's name is read off its vocabulary: capitalized pieces
-  # make it cased; the flag always decides.
+  # make it cased (convert() takes casing()'s answer, as for the release above); the flag
+  # always decides.
   renamed = tmp_path / 'my_bert'
   shutil.copytree(release, renamed)
-  convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run2'))
-  assert trainer.state.load_trained(str(tmp_path / 'run2'), 'bert', 'test')[3].lower_case is True
+  assert convert_checkpoint.casing(str(renamed), 'tf') is True
   vocab = (renamed / 'vocab.txt').read_text(encoding='utf-8').replace('\nw7\n', '\nW7\n')
   assert 'W7' in vocab
   (renamed / 'vocab.txt').write_text(vocab, encoding='utf-8')
-  convert_checkpoint.convert('tf', str(renamed), str(tmp_path / 'run4'))
-  assert json.loads((tmp_path / 'run4' / 'config.json').read_text())['data']['lower_case'] is False
+  assert convert_checkpoint.casing(str(renamed), 'tf') is False
   convert_checkpoint.convert('tf', str(release), str(tmp_path / 'run3'), lower_case=False)
   assert json.loads((tmp_path / 'run3' / 'config.json').read_text())['data']['lower_case'] is False
 
@@ -465,9 +464,9 @@ def test_bad_input_is_one_line(hf_bert, hf_gpt, bert_workdir, tmp_path):
   (source / 'config.json').write_text(json.dumps(config))
   refused('merges.txt does not exist', source)
   # The command line: one line on stderr, a non-zero exit.
-  result = subprocess.run(
+  result = forked.run(
       [sys.executable, 'convert_checkpoint.py', '--from=hf', f'--input={tmp_path}/missing',
-       f'--workdir={tmp_path}/cli'], cwd=ROOT, capture_output=True, text=True, check=False)
+       f'--workdir={tmp_path}/cli'], cwd=ROOT, env=dict(os.environ))
   assert result.returncode != 0
   assert result.stderr.strip().splitlines() == [
       f'convert_checkpoint.py: error: --input={tmp_path}/missing is not a directory: pass a '

@@ -9,7 +9,6 @@ per direction), so that configs/cove_classifier.py's tiny size reads the workdir
 """
 
 import os
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -21,6 +20,7 @@ import pytest
 from configs import cove_classifier
 import convert_cove
 import extract_features
+import forked  # tests/
 import input_pipeline
 from models import bcn
 from trainer import checkpoints
@@ -187,9 +187,9 @@ def test_the_workdir_is_glove_words_the_encoder_and_a_named_untrained_decoder(re
   # translate.py refuses it in one line.
   source = tmp_path / 'src.txt'
   source.write_text('the cat\n', encoding='utf-8')
-  result = subprocess.run([sys.executable, 'translate.py', f'--workdir={workdir}',
-                           f'--input={source}', f'--output={source}.out'], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
+  result = forked.run([sys.executable, 'translate.py', f'--workdir={workdir}',
+                       f'--input={source}', f'--output={source}.out'], cwd=ROOT,
+                      env=dict(os.environ))
   assert result.returncode != 0 and not os.path.exists(f'{source}.out')
   assert result.stderr.strip().splitlines()[-1] == (
       f'translate.py: error: {workdir} has an untrained target_embed, decoder, output '
@@ -273,9 +273,9 @@ def test_bad_input_is_one_line_naming_the_tensor(released, tmp_path):
   with pytest.raises(ValueError, match='already holds a checkpoint'):
     convert_cove.convert(str(pth), workdir, str(glove))
   # The command line: one line on stderr, a non-zero exit.
-  result = subprocess.run(
+  result = forked.run(
       [sys.executable, 'convert_checkpoint.py', '--from=cove', f'--input={pth}',
-       f'--workdir={tmp_path}/cli'], cwd=ROOT, capture_output=True, text=True, check=False)
+       f'--workdir={tmp_path}/cli'], cwd=ROOT, env=dict(os.environ))
   assert result.returncode != 0
   assert result.stderr.strip().splitlines() == [
       'convert_checkpoint.py: error: --from=cove needs --glove=glove.840B.300d.txt: the MT-LSTM '

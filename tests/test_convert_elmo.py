@@ -8,7 +8,6 @@ script that made them, tests/fixtures/elmo_bilm/ (make_fixture.py, VERSIONS.json
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import h5py
@@ -20,6 +19,7 @@ import pytest
 
 import convert_elmo
 import extract_features
+import forked  # tests/
 import sweep
 from configs import elmo_tagger as elmo_tagger_configs
 from input_pipeline.common import words as words_lib
@@ -219,7 +219,7 @@ def test_bad_input_is_one_line_naming_the_tensor_before_anything_is_written(tmp_
   _edit_weights(source, lambda f: f.__delitem__('CNN_high_1/W_carry'))
   command = [sys.executable, 'convert_checkpoint.py', '--from=bilm', f'--input={source}',
              f'--workdir={tmp_path}/cli_run']
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+  result = forked.run(command, cwd=ROOT, env=dict(os.environ))
   expected = (f'convert_checkpoint.py: error: {source}/weights.hdf5 has no tensor '
               'CNN_high_1/W_carry: it is not a complete bilm-tf biLM of the sizes its '
               'options.json gives; pass the pair written together.')

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+import forked  # tests/
 import sweep
 from trainer import cli
 from trainer import runner
@@ -458,9 +459,9 @@ def test_parallel_that_does_not_divide_is_refused_before_anything_runs(tmp_path)
   path = tmp_path / 'sweep_file.py'
   path.write_text(TWO_STAGES.format(slow=1, quick=1))
   cores = len(os.sched_getaffinity(0))
-  done = subprocess.run(
+  done = forked.run(  # sweep.py's process, forked from tests/forked.py's imports
       [sys.executable, sweep.__file__, f'--sweep={path}', f'--workdir={tmp_path / "w"}',
-       f'--parallel={cores + 1}'], capture_output=True, text=True, check=False,
+       f'--parallel={cores + 1}'], cwd=os.path.dirname(sweep.__file__),
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert done.returncode == 1
   assert done.stderr.strip().splitlines() == [
