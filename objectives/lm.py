@@ -265,10 +265,12 @@ def token_stats(logits_XV: Array, targets_X: Array, weights_X: Array
 
 
 def output_stats(outputs: Mapping[str, Array], name: str, targets_X: Array, weights_X: Array,
-                 loss_weights_X: Array) -> tuple[Array, Array, Array, Array]:
+                 loss_weights_X: Array, *also_weights: Array) -> tuple[Array, ...]:
   """(sum of loss_weights x NLL, weighted NLL sum, weight sum, weighted correct count) of the
   output layer outputs[f'{name}_output'] (chunked: output_layer_loss), or of the logits
-  outputs[f'{name}_logits'] where a model gives only those. Only the first is differentiable."""
+  outputs[f'{name}_logits'] where a model gives only those. Only the first is differentiable.
+  Each of `also_weights` adds its own (NLL sum, weight sum, correct count) of the same
+  predictions, computed once."""
   if f'{name}_output' in outputs:
     layer = outputs[f'{name}_output']
     loss, nll_X, correct_X = output_layer_loss(layer['x'], layer['table'], layer['bias'],
@@ -276,11 +278,13 @@ def output_stats(outputs: Mapping[str, Array], name: str, targets_X: Array, weig
   else:
     nll_X, correct_X = cross_entropy(outputs[f'{name}_logits'], targets_X)
     loss = jnp.where(loss_weights_X != 0, nll_X * loss_weights_X, 0.0).sum()
-  weights_X = weights_X.astype(jnp.float32)
-  counted_X = weights_X != 0  # selected, not multiplied, as in token_stats
-  nll_sum = jax.lax.stop_gradient(jnp.where(counted_X, nll_X * weights_X, 0.0).sum())
-  correct_sum = jnp.where(counted_X, correct_X * weights_X, 0.0).sum()
-  return loss, nll_sum, weights_X.sum(), correct_sum
+  stats = (loss,)
+  for weights in (weights_X,) + also_weights:
+    weights = weights.astype(jnp.float32)
+    counted = weights != 0  # selected, not multiplied, as in token_stats
+    stats += (jax.lax.stop_gradient(jnp.where(counted, nll_X * weights, 0.0).sum()),
+              weights.sum(), jnp.where(counted, correct_X * weights, 0.0).sum())
+  return stats
 
 
 def loss_fn(outputs: Mapping[str, Array], batch: Mapping[str, Array]

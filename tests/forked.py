@@ -15,8 +15,11 @@ as a new process does.
 
 One server runs every program of one directory (train.py, sweep.py, bench.py, the converters):
 a program started once in a test run then costs its own imports only, not jax's again. Its
-child also has the modules the server imported for the other programs; none of these programs
-defines a flag or starts anything at import (their flags are defined under `__main__`).
+child also has the modules the server imported for the other programs. None of those modules
+defines a flag or starts anything at import; a program's own flags (sweep.py defines its at its
+top level) are defined in its child only, which runs it as `__main__`. A module that did define
+one would make the run of a program defining the same flag fail (absl's DuplicateFlagError),
+not pass.
 """
 
 import ast
@@ -84,10 +87,11 @@ def _imports(script: str) -> list[str]:
   return names
 
 
-def _child(request: dict) -> None:
+def _child(request: dict, imports_said: bytes) -> None:
   """Becomes the program's process and ends as the interpreter ends one (the traceback of an
   uncaught exception, the non-daemon threads waited for, atexit's handlers, stdio flushed),
-  without its teardown of every module (0.85 s here)."""
+  without its teardown of every module (0.85 s here). Its stderr starts with what the server's
+  imports wrote there (every program's so far: more, never less, than its own would)."""
   os.chdir(request['cwd'])
   # The cores of the test's process now, as a process it started would have them (the server
   # kept those of the test that started it).
@@ -100,6 +104,7 @@ def _child(request: dict) -> None:
     opened = os.open(path, flags)
     os.dup2(opened, fd)
     os.close(opened)
+  os.write(2, imports_said)
   sys.argv = list(request['argv'])
   sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
   try:
@@ -119,31 +124,49 @@ def _child(request: dict) -> None:
   os._exit(status)
 
 
-def _import_for(script: str) -> None:
-  """The script's top-level imports, in the server."""
-  for name in _imports(script):
+def _import_for(script: str) -> bytes:
+  """The script's top-level imports, in the server; returns what they wrote to stderr (file
+  descriptor 2), which each child writes to its own stderr first, as a new process's imports
+  would: a program whose imports warn still fails a test that wants one line."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 2)
+    failed = True
     try:
-      importlib.import_module(name)
-    except ModuleNotFoundError as e:  # `from package import name`: name is not a module
-      if e.name != name:
-        raise
+      for name in _imports(script):
+        try:
+          importlib.import_module(name)
+        except ModuleNotFoundError as e:  # `from package import name`: name is not a module
+          if e.name != name:
+            raise
+      failed = False
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      caught.seek(0)
+      said = caught.read()
+      if failed:  # the server dies of it: its stderr (the test's) shows what the imports said
+        os.write(2, said)
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   if xla_bridge.backends_are_initialized():
     sys.exit(f'forked.py: importing {script}\'s modules started a JAX backend; a forked child '
              'would inherit its devices and threads')
+  return said
 
 
 def _serve(directory: str) -> None:
   sys.path[0] = directory  # as `python SCRIPT` has it for a script of the directory
-  imported = set()
+  imported, said = set(), b''
   for line in sys.stdin:
     request = json.loads(line)
     if request['script'] not in imported:
-      _import_for(request['script'])
+      said += _import_for(request['script'])
       imported.add(request['script'])
     pid = os.fork()
     if pid == 0:
-      _child(request)
+      _child(request, said)
     print(json.dumps({'returncode': _wait(pid, request['timeout'])}), flush=True)
 
 

@@ -109,7 +109,9 @@ def test_tiny_pretraining_learns_on_embedded_corpus(pretrained, shared_data_dir)
   print(f"loss {first['loss']:.3f} -> {last['loss']:.3f}, "
         f"mlm_accuracy {first['mlm_accuracy']:.3f} -> {last['mlm_accuracy']:.3f}; "
         + ', '.join(f"eval at step {step}: MLM perplexity {m['eval_mlm_perplexity']:.0f}, "
-                    f"accuracy {m['eval_mlm_accuracy']:.3f}" for step, m in evals.items())
+                    f"accuracy {m['eval_mlm_accuracy']:.3f} (where the input hides the answer: "
+                    f"{m['eval_mlm_hidden_perplexity']:.0f}, {m['eval_mlm_hidden_accuracy']:.3f})"
+                    for step, m in evals.items())
         + f'; unigram {unigram_perplexity:.0f}, {unigram_accuracy:.3f}')
   assert last['step'] == PRETRAIN_STEPS
   assert last['loss'] < first['loss'] - 1.5

@@ -45,3 +45,30 @@ def test_mean_over_masked_positions_and_no_nsp():
   assert 'nsp_loss' not in metrics
   # Ties pick index 0: only the first prediction is right.
   np.testing.assert_allclose(metrics["mlm_accuracy"], [1.0, 3.0])
+
+
+def test_hidden_figures_leave_out_the_predictions_whose_input_shows_the_answer():
+  """Of three predictions, the second's input token is its answer (kept as it is, 10% in the
+  paper): mlm_hidden_* count the first ([MASK], id 4) and the third (a random other token)."""
+  logits = np.zeros((1, 4, 6), np.float32)
+  logits[0, 0, 2] = 3.0  # [MASK] shown, answer 2: right
+  logits[0, 1, 1] = 3.0  # answer 1 shown at position 2: right, and left out
+  # The third (answer 3, token 5 shown) stays uniform: wrong (ties pick 0); the fourth is padding.
+  batch = {
+      'input_ids': jnp.array([[0, 4, 1, 5, 3, 0]]),
+      'masked_lm_positions': jnp.array([[1, 2, 3, 0]]),
+      'masked_lm_ids': jnp.array([[2, 1, 3, 0]]),
+      'masked_lm_weights': jnp.array([[1.0, 1.0, 1.0, 0.0]]),
+  }
+  _, metrics = mlm_nsp.loss_fn({'mlm_logits': jnp.asarray(logits)}, batch)
+  confident = -math.log(math.exp(3.0) / (math.exp(3.0) + 5.0))
+  uniform = math.log(6.0)
+  np.testing.assert_allclose(metrics['mlm_accuracy'], [2.0, 3.0])
+  np.testing.assert_allclose(metrics['mlm_hidden_accuracy'], [1.0, 2.0])
+  np.testing.assert_allclose(metrics['mlm_hidden_loss'], [confident + uniform, 2.0], rtol=1e-6)
+  summary = mlm_nsp.summarize({k: np.asarray(v) for k, v in metrics.items()})
+  np.testing.assert_allclose(summary['mlm_hidden_perplexity'],
+                             math.exp((confident + uniform) / 2), rtol=1e-5)
+  assert summary['mlm_hidden_accuracy'] == 0.5
+  assert 'mlm_hidden_loss' not in mlm_nsp.loss_fn({'mlm_logits': jnp.asarray(logits)}, {
+      k: v for k, v in batch.items() if k != 'input_ids'})[1]

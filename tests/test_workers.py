@@ -88,10 +88,10 @@ def pipeline(request, shared_data_dir):
 
 def test_same_batches_with_two_workers_and_after_a_resume_with_another_number(pipeline, request):
   """As in one process, with 2 workers (1: the fine-tuning test below); the position the
-  2-worker stream saved halfway, resumed with 0 (in this process) and, in the slow tier, with 1.
-  BERT's, in the fast tier, starts no more workers after the two: each one a stream starts
-  imports jax through grain (about 4 s of a core), and 1 worker per shard is the 2-worker
-  stream's own case."""
+  2-worker stream saved halfway, resumed with 0 (in this process) and, for the slow tier's
+  pipelines, with 1 too. BERT's, the fast tier's, starts no more workers after the two: each
+  one a stream starts imports jax through grain (about 4 s of a core), and a resume into
+  workers is the fine-tuning test's (and the slow tier's pipelines')."""
   stream, batches, states = pipeline
   slow = request.node.get_closest_marker('slow') is not None
   half = BATCHES // 2
@@ -150,13 +150,14 @@ def test_fine_tuning_batches_through_epochs_with_workers(count):
   assert {s['epoch'] for s in states} == {0, 1, 2, 3}
   epoch_0 = np.concatenate([b['indices'] for b in batches])[:13]
   assert sorted(epoch_0) == list(range(13))  # each example once an epoch
-  if count > 1:  # from the start with 2 workers (the slow tier's), then resumed with another
+  if count > 1:  # from the start with 2 workers (the slow tier's)
     parallel = make(count)
     _assert_equal(batches, _batches(parallel, 9))
     parallel.close()
-  # Resumed in the second epoch with 1 worker, in the fast tier from an in-process reference's
-  # position: the one worker that test starts (each imports jax through grain, about 4 s).
-  resumed = make(1, states[3])
+  # Resumed in the second epoch with `count` workers from the in-process reference's position
+  # (another number); in the fast tier the one worker it starts (each imports jax through
+  # grain, about 4 s of a core).
+  resumed = make(count, states[3])
   _assert_equal(batches[4:], _batches(resumed, 5))
   resumed.close()
   assert _no_workers_left()
