@@ -279,11 +279,11 @@ def output_stats(outputs: Mapping[str, Array], name: str, targets_X: Array, weig
     nll_X, correct_X = cross_entropy(outputs[f'{name}_logits'], targets_X)
     loss = jnp.where(loss_weights_X != 0, nll_X * loss_weights_X, 0.0).sum()
   stats = (loss,)
-  for weights in (weights_X,) + also_weights:
-    weights = weights.astype(jnp.float32)
-    counted = weights != 0  # selected, not multiplied, as in token_stats
-    stats += (jax.lax.stop_gradient(jnp.where(counted, nll_X * weights, 0.0).sum()),
-              weights.sum(), jnp.where(counted, correct_X * weights, 0.0).sum())
+  for counts_X in (weights_X,) + also_weights:
+    counts_X = counts_X.astype(jnp.float32)
+    counted_X = counts_X != 0  # selected, not multiplied, as in token_stats
+    stats += (jax.lax.stop_gradient(jnp.where(counted_X, nll_X * counts_X, 0.0).sum()),
+              counts_X.sum(), jnp.where(counted_X, correct_X * counts_X, 0.0).sum())
   return stats
 
 

@@ -41,10 +41,12 @@ _SERVERS: dict[tuple, subprocess.Popen] = {}
 _PER_RUN = ('XLA_FLAGS', 'PYTEST_CURRENT_TEST')
 
 
-def run(args: list[str], cwd: str, env: dict[str, str], timeout: float = 300
+def run(args: list[str], cwd: str, env: dict[str, str] | None = None, timeout: float = 300
         ) -> subprocess.CompletedProcess:
   """`subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
-  timeout=timeout)` for args = [sys.executable, script, *flags], in a forked child."""
+  timeout=timeout)` for args = [sys.executable, script, *flags], in a forked child; env None
+  is this process's environment, as for subprocess."""
+  env = dict(os.environ) if env is None else env
   if args[0] != sys.executable or not args[1].endswith('.py'):
     raise ValueError(f'forked.run runs `{sys.executable} SCRIPT.py ...`, not {args[:2]}')
   script = os.path.abspath(os.path.join(cwd, args[1]))

@@ -466,7 +466,7 @@ def test_bad_input_is_one_line(hf_bert, hf_gpt, bert_workdir, tmp_path):
   # The command line: one line on stderr, a non-zero exit.
   result = forked.run(
       [sys.executable, 'convert_checkpoint.py', '--from=hf', f'--input={tmp_path}/missing',
-       f'--workdir={tmp_path}/cli'], cwd=ROOT, env=dict(os.environ))
+       f'--workdir={tmp_path}/cli'], cwd=ROOT)
   assert result.returncode != 0
   assert result.stderr.strip().splitlines() == [
       f'convert_checkpoint.py: error: --input={tmp_path}/missing is not a directory: pass a '

@@ -188,8 +188,7 @@ def test_the_workdir_is_glove_words_the_encoder_and_a_named_untrained_decoder(re
   source = tmp_path / 'src.txt'
   source.write_text('the cat\n', encoding='utf-8')
   result = forked.run([sys.executable, 'translate.py', f'--workdir={workdir}',
-                       f'--input={source}', f'--output={source}.out'], cwd=ROOT,
-                      env=dict(os.environ))
+                       f'--input={source}', f'--output={source}.out'], cwd=ROOT)
   assert result.returncode != 0 and not os.path.exists(f'{source}.out')
   assert result.stderr.strip().splitlines()[-1] == (
       f'translate.py: error: {workdir} has an untrained target_embed, decoder, output '
@@ -275,7 +274,7 @@ def test_bad_input_is_one_line_naming_the_tensor(released, tmp_path):
   # The command line: one line on stderr, a non-zero exit.
   result = forked.run(
       [sys.executable, 'convert_checkpoint.py', '--from=cove', f'--input={pth}',
-       f'--workdir={tmp_path}/cli'], cwd=ROOT, env=dict(os.environ))
+       f'--workdir={tmp_path}/cli'], cwd=ROOT)
   assert result.returncode != 0
   assert result.stderr.strip().splitlines() == [
       'convert_checkpoint.py: error: --from=cove needs --glove=glove.840B.300d.txt: the MT-LSTM '

@@ -219,7 +219,7 @@ def test_bad_input_is_one_line_naming_the_tensor_before_anything_is_written(tmp_
   _edit_weights(source, lambda f: f.__delitem__('CNN_high_1/W_carry'))
   command = [sys.executable, 'convert_checkpoint.py', '--from=bilm', f'--input={source}',
              f'--workdir={tmp_path}/cli_run']
-  result = forked.run(command, cwd=ROOT, env=dict(os.environ))
+  result = forked.run(command, cwd=ROOT)
   expected = (f'convert_checkpoint.py: error: {source}/weights.hdf5 has no tensor '
               'CNN_high_1/W_carry: it is not a complete bilm-tf biLM of the sizes its '
               'options.json gives; pass the pair written together.')
