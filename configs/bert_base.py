@@ -84,6 +84,8 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = 1.0
 
   config.train = common.pretraining_schedule(v['batch_size'], v['num_steps'], arg == 'tiny')
+  if arg == 'tiny':
+    config.data.eval_holdout = common.TINY_EVAL_HOLDOUT
 
   common.set_mesh_and_rules(config)
   return config

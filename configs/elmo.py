@@ -98,5 +98,7 @@ def get_config(arg: str = 'base') -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = 10.0  # bilm-tf clips the global gradient norm at 10
 
   config.train = common.pretraining_schedule(v['batch_size'], v['num_steps'], arg == 'tiny')
+  if arg == 'tiny':
+    config.data.eval_holdout = common.TINY_EVAL_HOLDOUT
   common.set_mesh_and_rules(config)
   return config

@@ -157,7 +157,8 @@ def _pairs_key(data_cfg: ml_collections.ConfigDict) -> str:
   identity += [data_cfg.source_language, data_cfg.target_language]
   digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:10]
   name = re.sub(r'[^\w.-]+', '_', name)[:40]
-  return f'{kind}-{name}-{digest}'
+  held_out = kind == 'files' and not data_cfg.eval_source_files  # as _file_pairs holds out
+  return f'{kind}-{name}-{digest}{sources.holdout_key(data_cfg, held_out)}'
 
 
 class SourceWords:

@@ -50,3 +50,8 @@ def unigram_baseline(train_targets, eval_targets, vocab_size: int,
   eval_targets = np.asarray(eval_targets)
   perplexity = np.exp(-np.log(counts[eval_targets] / counts.sum()).mean())
   return float(perplexity), float((eval_targets == counts.argmax()).mean())
+
+
+# The start of input_pipeline/common/chunked.py's warning that an eval read its split more than
+# once: a learning test's eval must read each held-out example once at most, as its config's.
+EVAL_WRAPPED = 'An eval read all'

@@ -249,9 +249,9 @@ def test_a_workdir_of_another_run_is_named_as_such(tmp_path):
   config = bert_config('tiny')
   config.data.eval_holdout = 3
   with pytest.raises(ValueError, match=re.escape(
-      'a run that held out 1 in data.eval_holdout=100 training examples and this config holds out '
+      'a run that held out 1 in data.eval_holdout=10 training examples and this config holds out '
       '1 in 3, which is another training stream, so it cannot resume it: pass a new --workdir '
-      'for this run, or set --config.data.eval_holdout=100 to resume it.')):
+      'for this run, or set --config.data.eval_holdout=10 to resume it.')):
     checks.check_run_directories(config, str(tmp_path / 'bert'))
   # The same files moved elsewhere resume; a run with eval files of its own holds nothing out.
   config = bert_config('tiny')

@@ -69,6 +69,7 @@ def pretrained(shared_data_dir, tmp_path_factory):
        "--config.data.later_phases=((0.9,128,20,False),)"],
       cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert end_to_end.EVAL_WRAPPED not in result.stderr  # configs/common.TINY_EVAL_HOLDOUT
   return workdir
 
 

@@ -33,20 +33,23 @@ def read_metrics(workdir):
     return [m for m in map(json.loads, f) if 'results' not in m]  # the per-step lines
 
 
-def run_train(config_arg: str, workdir: str, data_dir: str, *overrides: str) -> None:
+def run_train(config_arg: str, workdir: str, data_dir: str, *overrides: str) -> str:
+  """train.py's stderr."""
   result = subprocess.run(
       [sys.executable, 'train.py', f'--config={config_arg}', f'--workdir={workdir}',
        f'--config.data.data_dir={data_dir}', *overrides],
       cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
+  return result.stderr
 
 
 @pytest.fixture(scope='module')
 def pretrained(data_dir, tmp_path_factory):
   """The first 300 steps of configs/elmo.py:tiny (the issue's learning check), shared below."""
   workdir = str(tmp_path_factory.mktemp('elmo_tiny'))
-  run_train('configs/elmo.py:tiny', workdir, data_dir, '--config.train.num_steps=300',
-            '--config.train.eval_every=300', '--config.train.checkpoint_every=300')
+  stderr = run_train('configs/elmo.py:tiny', workdir, data_dir, '--config.train.num_steps=300',
+                     '--config.train.eval_every=300', '--config.train.checkpoint_every=300')
+  assert end_to_end.EVAL_WRAPPED not in stderr  # configs/common.TINY_EVAL_HOLDOUT
   return workdir
 
 

@@ -70,6 +70,7 @@ def pretrained(data_dir, tmp_path_factory):
   result = subprocess.run([sys.executable, '-c', _PRETRAIN, workdir, data_dir, str(PRETRAIN_STEPS)],
                           cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert end_to_end.EVAL_WRAPPED not in result.stderr  # configs/common.TINY_EVAL_HOLDOUT
   return workdir
 
 

@@ -253,7 +253,7 @@ def test_embedded_corpus_is_built_once(tmp_path, monkeypatch):
   monkeypatch.setattr(sources, '_stdlib_documents', None)  # must not rebuild
   assert sources.embedded_corpus(str(tmp_path)) == path
   data_cfg = _data_cfg(tmp_path, source='embedded', data_dir=str(tmp_path))
-  assert len(list(sources.documents(data_cfg, 'eval'))) == len(docs[::100])
+  assert len(list(sources.documents(data_cfg, 'eval'))) == len(docs[::data_cfg.eval_holdout])
 
 
 def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
@@ -269,6 +269,22 @@ def test_get_tokenizer_learns_and_caches(tmp_path, corpus, monkeypatch):
   data_cfg.vocab_file = str(tmp_path / 'missing.txt')
   with pytest.raises(ValueError, match='data.vocab_file=.*does not exist'):
     sources.get_tokenizer(data_cfg, 200)
+
+
+def test_a_vocabulary_learned_from_another_holdout_is_not_reused(tmp_path, corpus):
+  """The training text, and so the vocabulary learned from it, changes with data.eval_holdout
+  (not with it where the eval text is a source of its own)."""
+  learned = {n: sources.get_tokenizer(_data_cfg(tmp_path, source='files', files=corpus,
+                                                eval_holdout=n), 200) for n in (2, 5)}
+  paths = {n: os.path.basename(tok.vocab_file) for n, tok in learned.items()}
+  assert '-holdout2-' in paths[2] and '-holdout5-' in paths[5]
+  # Documents 0, 2, 4 are eval at 2, only document 0 at 5: 'third' is in one training text.
+  assert learned[2].unk_id in learned[2].encode('third')
+  assert learned[5].unk_id not in learned[5].encode('third')
+  whole = [_data_cfg(tmp_path, source='files', files=corpus, eval_files=corpus, eval_holdout=n)
+           for n in (2, 5)]
+  assert len({sources.get_tokenizer(cfg, 200).vocab_file for cfg in whole}) == 1
+  assert '-holdout' not in sources.get_tokenizer(whole[0], 200).vocab_file
 
 
 @pytest.mark.parametrize('pieces, lower_case, refused', [

@@ -76,6 +76,12 @@ def test_file_pairs_hold_out_every_nth_and_reject_misaligned_files(tmp_path):
   assert len(train) == 57 and [source[1], target[1]] in train
   host1 = list(translation.pairs(cfg, 'train', process_index=1, process_count=2))
   assert host1 == train[1::2]
+  # Its vocabulary is cached under the holdout too: another holdout is other training pairs.
+  cfg.eval_holdout = 10
+  assert translation._pairs_key(cfg).endswith('-holdout10')  # pylint: disable=protected-access
+  cfg.eval_source_files, cfg.eval_target_files = cfg.source_files, cfg.target_files
+  assert '-holdout' not in translation._pairs_key(cfg)  # pylint: disable=protected-access
+  cfg.eval_source_files = cfg.eval_target_files = ''
   (tmp_path / 'tgt.txt').write_text('only one line\n', encoding='utf-8')
   with pytest.raises(ValueError, match='different numbers of lines'):
     list(translation.pairs(cfg, 'train'))

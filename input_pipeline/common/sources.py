@@ -504,7 +504,20 @@ def _document_texts(docs: Iterable[Document], max_sentences: int) -> Iterator[st
 
 
 def _source_key(data_cfg: ml_collections.ConfigDict) -> str:
-  """A file-name-safe name of the training text, e.g. 'embedded-py311'."""
+  """A file-name-safe name of the training text, e.g. 'embedded-py311-holdout100'."""
+  return _text_key(data_cfg) + holdout_key(data_cfg, holds_out=(
+      data_cfg.source == 'embedded' or (data_cfg.source == 'files' and not data_cfg.eval_files)
+      or (data_cfg.source == 'tfds' and not data_cfg.tfds_eval_split)))
+
+
+def holdout_key(data_cfg: ml_collections.ConfigDict, holds_out: bool) -> str:
+  """'-holdoutN' where the training text is its source less every N-th document (a vocabulary
+  learned from it is another with another N: a cache of one must not serve the other)."""
+  return f'-holdout{data_cfg.eval_holdout}' if holds_out else ''
+
+
+def _text_key(data_cfg: ml_collections.ConfigDict) -> str:
+  """A file-name-safe name of the source's whole text, e.g. 'embedded-py311'."""
   if data_cfg.source == 'embedded':
     return f'embedded-py{sys.version_info.major}{sys.version_info.minor}'
   if data_cfg.source == 'synthetic':
