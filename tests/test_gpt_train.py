@@ -101,8 +101,10 @@ def test_tiny_pretraining_loss_falls(pretrained, data_dir):
   assert last['step'] == PRETRAIN_STEPS
   # Steps 1-20 start near ln(4096) = 8.3; the unigram plateau is about 6.7.
   assert last['loss'] < first['loss'] - 2.0
-  assert last['lm_accuracy'] > first['lm_accuracy'] + 0.1
-  # Measured: 377 against the unigram model's 804 (0.47): the model uses the context.
+  # Measured 0.001 -> 0.101 (e33568e's training split, 1 in 10 documents held out).
+  assert last['lm_accuracy'] > first['lm_accuracy'] + 0.08
+  # Measured: 398 against the unigram model's 762 (0.52; 377 and 804 with 1 in 100 held out):
+  # the model uses the context.
   assert evals[-1]['eval_lm_perplexity'] < 0.7 * unigram
   assert os.path.exists(os.path.join(pretrained, 'tokenizer.json'))
 
