@@ -144,8 +144,10 @@ def _pairs_key(data_cfg: ml_collections.ConfigDict) -> str:
   """A file-name-safe name of the training pairs, for the vocabulary cache."""
   kind = data_cfg.pairs
   if kind == 'offline':
-    # sources keys the text (a digest of files, or the corpus's Python version).
-    return f'offline-cipher-{sources._source_key(data_cfg)}'  # pylint: disable=protected-access
+    # sources keys the text (a digest of files, or the corpus's Python version, and the
+    # holdout); the pairs are its sentences of at most offline_max_words words.
+    text = sources._source_key(data_cfg)  # pylint: disable=protected-access
+    return f'offline-cipher-{text}-max{data_cfg.offline_max_words}'
   if kind == 'files':
     identity = [(os.path.abspath(p), os.path.getsize(p))
                 for field in ('source_files', 'target_files')

@@ -125,8 +125,8 @@ def test_tiny_pretraining_learns_on_embedded_corpus(pretrained, shared_data_dir)
   # are, and copying them is that gain: where the input hides the answer (mlm_hidden_*: [MASK]
   # or another token) the model is at the unigram model's level, 525 and 0.064, and at step 300
   # (after 30 steps at 128 tokens) 484 and 0.073 (hidden 526, 0.065). So this run shows no use
-  # of the context. With 1 in 100 held out (49 instances, read 6.5 times an eval; 9% more
-  # training text) the hidden figure had been 465 against 519.
+  # of the context. With 1 in 100 held out (a few dozen instances, each read several times an
+  # eval; 9% more training text) the hidden figure had been 465 against 519.
   assert evals[PHASE_END]['eval_mlm_perplexity'] < 0.95 * unigram_perplexity
   assert evals[PHASE_END]['eval_mlm_accuracy'] > unigram_accuracy + 0.01
   assert np.isfinite(evals[PRETRAIN_STEPS]['eval_loss'])

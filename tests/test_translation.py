@@ -82,6 +82,11 @@ def test_file_pairs_hold_out_every_nth_and_reject_misaligned_files(tmp_path):
   cfg.eval_source_files, cfg.eval_target_files = cfg.source_files, cfg.target_files
   assert '-holdout' not in translation._pairs_key(cfg)  # pylint: disable=protected-access
   cfg.eval_source_files = cfg.eval_target_files = ''
+  cfg.pairs, keys = 'offline', set()  # its pairs: the corpus's sentences of few enough words
+  for cfg.offline_max_words in (8, 12):
+    keys.add(translation._pairs_key(cfg))  # pylint: disable=protected-access
+  assert len(keys) == 2 and all('-holdout10-' in key for key in keys)
+  cfg.pairs = 'files'
   (tmp_path / 'tgt.txt').write_text('only one line\n', encoding='utf-8')
   with pytest.raises(ValueError, match='different numbers of lines'):
     list(translation.pairs(cfg, 'train'))
