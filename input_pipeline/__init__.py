@@ -98,9 +98,7 @@ def holds_out(data: Any) -> bool:
     return spec is not None and spec.source == 'offline'
   if task is not None:  # a fine-tuning task: the offline ones are made of the embedded corpus
     return str(task).startswith('offline_')
-  source = data.get('source')  # a text source (pretraining, CVT's unlabeled text)
-  own = {'files': 'eval_files', 'tfds': 'tfds_eval_split'}.get(source)
-  return source != 'synthetic' and not (own and data.get(own))
+  return sources.holds_out(data)  # a text source (pretraining, CVT's unlabeled text)
 
 
 def get_tokenizer(data_cfg: ml_collections.ConfigDict, vocab_size: int,

@@ -25,7 +25,7 @@ import re
 import sys
 import sysconfig
 import time
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from absl import logging
 import jax
@@ -505,9 +505,14 @@ def _document_texts(docs: Iterable[Document], max_sentences: int) -> Iterator[st
 
 def _source_key(data_cfg: ml_collections.ConfigDict) -> str:
   """A file-name-safe name of the training text, e.g. 'embedded-py311-holdout100'."""
-  return _text_key(data_cfg) + holdout_key(data_cfg, holds_out=(
-      data_cfg.source == 'embedded' or (data_cfg.source == 'files' and not data_cfg.eval_files)
-      or (data_cfg.source == 'tfds' and not data_cfg.tfds_eval_split)))
+  return _text_key(data_cfg) + holdout_key(data_cfg, holds_out(data_cfg))
+
+
+def holds_out(data: Any) -> bool:
+  """Whether a text source's eval documents are 1 in data.eval_holdout of its training text
+  (`data`: a ConfigDict or a config.json's dict); else the eval text is a source of its own."""
+  own = {'files': 'eval_files', 'tfds': 'tfds_eval_split'}.get(data.get('source'))
+  return data.get('source') != 'synthetic' and not (own and data.get(own))
 
 
 def holdout_key(data_cfg: ml_collections.ConfigDict, holds_out: bool) -> str:
